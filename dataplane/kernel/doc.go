@@ -1,0 +1,19 @@
+// Package kernel defines the agent's narrow view of the Linux kernel: one
+// interface per subsystem (IPVS, IPSets, Links, IPTables, Sysctl) with this
+// package's own value types, so no netlink or moby type leaks into the
+// reconciler.
+//
+// Implementations:
+//   - kernel/memory: in memory, goroutine-safe, for unit tests and scale
+//     simulation.
+//   - kernel/linux: the real kernel (moby/ipvs, vishvananda/netlink,
+//     iptables-restore, /proc/sys).
+//
+// Both must pass the suite in kernel/contract; where they disagree the
+// memory implementation is wrong.
+//
+// Error semantics follow the kernel and are exposed as sentinels (ErrExist,
+// ErrNotFound, ErrBusy, ErrInvalid, ErrUnsupported) checked with errors.Is.
+// Value types have Normalize methods: reads return normalized values, so a
+// caller compares Normalize(desired) with what it reads.
+package kernel

@@ -1,0 +1,253 @@
+package kernel
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// ServiceFlags are the IPVS virtual-server flags (IP_VS_SVC_F_*).
+type ServiceFlags uint32
+
+const (
+	FlagPersistent ServiceFlags = 0x1
+	// FlagHashed is kernel-internal (set on every service in the table).
+	// It is ignored on write and never returned on read.
+	FlagHashed    ServiceFlags = 0x2
+	FlagOnePacket ServiceFlags = 0x4
+	// FlagSched1..3 are scheduler-specific; sh and mh give them names.
+	FlagSched1 ServiceFlags = 0x8
+	FlagSched2 ServiceFlags = 0x10
+	FlagSched3 ServiceFlags = 0x20
+
+	FlagSHFallback = FlagSched1
+	FlagSHPort     = FlagSched2
+	FlagMHFallback = FlagSched1
+	FlagMHPort     = FlagSched2
+
+	// flagsKnown is every flag a caller may set.
+	flagsKnown = FlagPersistent | FlagHashed | FlagOnePacket | FlagSched1 | FlagSched2 | FlagSched3
+)
+
+// VirtualServerKey identifies an IPVS virtual server: either by
+// (Address, Protocol, Port) or, when FWMark is non-zero, by (FWMark, Family).
+// Build keys with AddrKey or FWMarkKey; the struct is comparable and
+// usable as a map key once normalized.
+type VirtualServerKey struct {
+	Family   Family
+	Address  netip.Addr
+	Protocol Protocol
+	Port     uint16
+	FWMark   uint32
+}
+
+// AddrKey is the key of an address-based virtual server.
+func AddrKey(addr netip.Addr, proto Protocol, port uint16) VirtualServerKey {
+	addr = addr.Unmap()
+	return VirtualServerKey{Family: FamilyOf(addr), Address: addr, Protocol: proto, Port: port}
+}
+
+// FWMarkKey is the key of a firewall-mark virtual server.
+func FWMarkKey(family Family, mark uint32) VirtualServerKey {
+	return VirtualServerKey{Family: family, FWMark: mark}
+}
+
+// Normalize fills Family from Address and clears the address fields of
+// firewall-mark keys, so equal servers have equal keys.
+func (k VirtualServerKey) Normalize() VirtualServerKey {
+	if k.FWMark != 0 {
+		return VirtualServerKey{Family: k.Family, FWMark: k.FWMark}
+	}
+	k.Address = k.Address.Unmap()
+	if k.Family == FamilyUnspecified {
+		k.Family = FamilyOf(k.Address)
+	}
+	return k
+}
+
+// Validate reports a key the kernel would reject, wrapping ErrInvalid.
+func (k VirtualServerKey) Validate() error {
+	if k.FWMark != 0 {
+		if !k.Family.Valid() {
+			return fmt.Errorf("ipvs key %v: fwmark service needs family inet or inet6: %w", k, ErrInvalid)
+		}
+		return nil
+	}
+	if !k.Address.IsValid() {
+		return fmt.Errorf("ipvs key %v: no address and no fwmark: %w", k, ErrInvalid)
+	}
+	if k.Family != FamilyUnspecified && k.Family != FamilyOf(k.Address.Unmap()) {
+		return fmt.Errorf("ipvs key %v: family %v does not match address: %w", k, k.Family, ErrInvalid)
+	}
+	if !k.Protocol.Valid() {
+		return fmt.Errorf("ipvs key %v: protocol must be tcp, udp or sctp: %w", k, ErrInvalid)
+	}
+	return nil
+}
+
+// String is "tcp/198.18.0.1:80", "tcp/[2001:2::1]:80" or "fwmark/inet/0x10".
+func (k VirtualServerKey) String() string {
+	if k.FWMark != 0 {
+		return fmt.Sprintf("fwmark/%v/%#x", k.Family, k.FWMark)
+	}
+	return fmt.Sprintf("%v/%v", k.Protocol, netip.AddrPortFrom(k.Address, k.Port))
+}
+
+// VirtualServer is one IPVS service.
+type VirtualServer struct {
+	Key       VirtualServerKey
+	Scheduler string // "rr", "wrr", "sh", "mh", ...; required
+	Flags     ServiceFlags
+	// Timeout is the persistence timeout in seconds (used with FlagPersistent).
+	Timeout uint32
+	// Netmask is the persistence granularity as a prefix length; 0 means
+	// the full address (32 or 128), which is what kube-proxy uses.
+	Netmask uint8
+}
+
+// Normalize returns vs the way implementations return it from reads:
+// normalized key, FlagHashed cleared, Netmask 0 replaced by the full length.
+// Compare desired and actual servers after normalizing both.
+func (vs VirtualServer) Normalize() VirtualServer {
+	vs.Key = vs.Key.Normalize()
+	vs.Flags &^= FlagHashed
+	if vs.Netmask == 0 {
+		vs.Netmask = vs.Key.Family.fullBits()
+	}
+	return vs
+}
+
+// Validate reports a server the kernel would reject, wrapping ErrInvalid.
+func (vs VirtualServer) Validate() error {
+	if err := vs.Key.Validate(); err != nil {
+		return err
+	}
+	if vs.Scheduler == "" || len(vs.Scheduler) > 15 {
+		return fmt.Errorf("virtual server %v: scheduler %q must be 1..15 characters: %w", vs.Key, vs.Scheduler, ErrInvalid)
+	}
+	if vs.Flags&^flagsKnown != 0 {
+		return fmt.Errorf("virtual server %v: unknown flags %#x: %w", vs.Key, uint32(vs.Flags&^flagsKnown), ErrInvalid)
+	}
+	fam := vs.Key.Normalize().Family
+	if vs.Netmask > fam.fullBits() {
+		return fmt.Errorf("virtual server %v: netmask /%d too long for %v: %w", vs.Key, vs.Netmask, fam, ErrInvalid)
+	}
+	return nil
+}
+
+func (f Family) fullBits() uint8 {
+	if f == FamilyIPv6 {
+		return 128
+	}
+	return 32
+}
+
+// ForwardMethod is how IPVS reaches a destination (IP_VS_CONN_F_FWD_MASK).
+type ForwardMethod uint8
+
+const (
+	ForwardMasq        ForwardMethod = 0 // NAT; what kube-proxy uses
+	ForwardLocal       ForwardMethod = 1
+	ForwardTunnel      ForwardMethod = 2
+	ForwardDirectRoute ForwardMethod = 3
+)
+
+// DestinationKey identifies a destination within one virtual server.
+type DestinationKey struct {
+	Address netip.Addr
+	Port    uint16
+}
+
+func (k DestinationKey) String() string { return netip.AddrPortFrom(k.Address, k.Port).String() }
+
+// Destination is one IPVS real server.
+type Destination struct {
+	Address netip.Addr
+	Port    uint16
+	Weight  int // >= 0; 0 keeps existing connections but takes no new ones
+	Forward ForwardMethod
+	// ActiveConn and InactiveConn are read back from the kernel; ignored on
+	// write.
+	ActiveConn   uint32
+	InactiveConn uint32
+}
+
+// Key returns the destination's identity.
+func (d Destination) Key() DestinationKey {
+	return DestinationKey{Address: d.Address.Unmap(), Port: d.Port}
+}
+
+// Validate reports a destination the kernel would reject for a server of
+// the given family, wrapping ErrInvalid.
+func (d Destination) Validate(family Family) error {
+	if !d.Address.IsValid() {
+		return fmt.Errorf("destination %v: no address: %w", d.Key(), ErrInvalid)
+	}
+	if FamilyOf(d.Address.Unmap()) != family {
+		return fmt.Errorf("destination %v: family differs from virtual server (%v): %w", d.Key(), family, ErrInvalid)
+	}
+	if d.Weight < 0 || d.Weight > 1<<31-1 {
+		return fmt.Errorf("destination %v: weight %d out of range: %w", d.Key(), d.Weight, ErrInvalid)
+	}
+	if d.Forward > ForwardDirectRoute {
+		return fmt.Errorf("destination %v: unknown forward method %d: %w", d.Key(), d.Forward, ErrInvalid)
+	}
+	return nil
+}
+
+// Timeouts are the IPVS connection timeouts (ipvsadm --set). On write, a
+// zero field leaves the kernel's value unchanged; values must be whole
+// seconds. Kernel defaults: TCP 900s, TCPFin 120s, UDP 300s.
+type Timeouts struct {
+	TCP    time.Duration
+	TCPFin time.Duration
+	UDP    time.Duration
+}
+
+// Validate rejects negative and sub-second values.
+func (t Timeouts) Validate() error {
+	for _, d := range []time.Duration{t.TCP, t.TCPFin, t.UDP} {
+		if d < 0 || d%time.Second != 0 || d/time.Second > 1<<31-1 {
+			return fmt.Errorf("ipvs timeout %v: must be whole seconds >= 0: %w", d, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// IPVS manages the IPVS table of one network namespace.
+//
+// Contract (the contract suite checks each point against both the memory
+// and the Linux implementation):
+//   - Reads return normalized values (see VirtualServer.Normalize) sorted by
+//     key; ListDestinations sorted by (address, port).
+//   - AddVirtualServer of an existing key: ErrExist. Update/Delete/Get of a
+//     missing key: ErrNotFound. Add/Update with a scheduler the kernel does
+//     not have: ErrUnsupported. Deleting a server deletes its destinations.
+//   - AddDestination to a missing server: ErrNotFound; of an existing
+//     destination: ErrExist. Update/Delete of a missing destination:
+//     ErrNotFound.
+//   - SetTimeouts: zero fields are left unchanged.
+//   - Bad input: ErrInvalid, the kernel is not called.
+//   - Safe for concurrent use.
+type IPVS interface {
+	ListVirtualServers() ([]VirtualServer, error)
+	GetVirtualServer(key VirtualServerKey) (VirtualServer, error)
+	AddVirtualServer(vs VirtualServer) error
+	// UpdateVirtualServer changes scheduler, flags, timeout and netmask of
+	// the server with vs.Key.
+	UpdateVirtualServer(vs VirtualServer) error
+	DeleteVirtualServer(key VirtualServerKey) error
+
+	ListDestinations(key VirtualServerKey) ([]Destination, error)
+	AddDestination(key VirtualServerKey, d Destination) error
+	// UpdateDestination changes weight and forward method.
+	UpdateDestination(key VirtualServerKey, d Destination) error
+	DeleteDestination(key VirtualServerKey, d DestinationKey) error
+
+	SetTimeouts(t Timeouts) error
+	Timeouts() (Timeouts, error)
+
+	// Schedulers lists the scheduler names this kernel can use (sorted),
+	// an agent capability.
+	Schedulers() ([]string, error)
+}
