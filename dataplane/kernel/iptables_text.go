@@ -98,8 +98,11 @@ func ParseRestore(payload []byte) ([]RestoreTable, error) {
 }
 
 func parseCommand(line string) (RestoreLine, error) {
-	f := strings.Fields(line)
-	cmd, args := f[0], f[1:]
+	raw, _, serr := splitRule(line)
+	if serr != nil {
+		return RestoreLine{}, serr
+	}
+	cmd, args := raw[0], raw[1:]
 	var l RestoreLine
 	chainArg := func(optional bool) error {
 		if len(args) == 0 {
@@ -176,6 +179,48 @@ func parseCommand(line string) (RestoreLine, error) {
 	}
 	l.Rule = strings.Join(args, " ")
 	return l, nil
+}
+
+// RuleTokens splits a rule spec like iptables-restore does: on blanks, with
+// double quotes grouping (quotes removed, \" and \\ unescaped).
+func RuleTokens(rule string) ([]string, error) {
+	_, vals, err := splitRule(rule)
+	return vals, err
+}
+
+// splitRule returns each token both raw (quotes kept, for re-joining) and
+// unquoted.
+func splitRule(s string) (raw, vals []string, err error) {
+	i := 0
+	for {
+		for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
+			i++
+		}
+		if i == len(s) {
+			return raw, vals, nil
+		}
+		start := i
+		var val strings.Builder
+		quoted := false
+		for i < len(s) && (quoted || (s[i] != ' ' && s[i] != '\t')) {
+			c := s[i]
+			switch {
+			case c == '"':
+				quoted = !quoted
+			case c == '\\' && quoted && i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\\'):
+				i++
+				val.WriteByte(s[i])
+			default:
+				val.WriteByte(c)
+			}
+			i++
+		}
+		if quoted {
+			return nil, nil, fmt.Errorf("unterminated quote in %q", s)
+		}
+		raw = append(raw, s[start:i])
+		vals = append(vals, val.String())
+	}
 }
 
 // validChainName follows iptables: 1..28 bytes, no leading '-' or '!', no

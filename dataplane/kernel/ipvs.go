@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"time"
@@ -85,6 +86,26 @@ func (k VirtualServerKey) Validate() error {
 	return nil
 }
 
+// Compare orders keys the way List methods return them: address servers
+// before fwmark servers, then by family, address, protocol, port and mark.
+func (k VirtualServerKey) Compare(o VirtualServerKey) int {
+	return cmp.Or(
+		cmp.Compare(boolInt(k.FWMark != 0), boolInt(o.FWMark != 0)),
+		cmp.Compare(k.Family, o.Family),
+		k.Address.Compare(o.Address),
+		cmp.Compare(k.Protocol, o.Protocol),
+		cmp.Compare(k.Port, o.Port),
+		cmp.Compare(k.FWMark, o.FWMark),
+	)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // String is "tcp/198.18.0.1:80", "tcp/[2001:2::1]:80" or "fwmark/inet/0x10".
 func (k VirtualServerKey) String() string {
 	if k.FWMark != 0 {
@@ -156,6 +177,11 @@ const (
 type DestinationKey struct {
 	Address netip.Addr
 	Port    uint16
+}
+
+// Compare orders destinations by address, then port.
+func (k DestinationKey) Compare(o DestinationKey) int {
+	return cmp.Or(k.Address.Compare(o.Address), cmp.Compare(k.Port, o.Port))
 }
 
 func (k DestinationKey) String() string { return netip.AddrPortFrom(k.Address, k.Port).String() }
