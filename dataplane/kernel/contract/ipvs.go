@@ -1,0 +1,295 @@
+package contract
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// RunIPVS checks an IPVS implementation.
+func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
+	t.Run("AddGetListRoundTrip", func(t *testing.T) {
+		v := newIPVS(t)
+		cases := []kernel.VirtualServer{
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 443), Scheduler: "rr", Flags: kernel.FlagPersistent, Timeout: 10800},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolUDP, 53), Scheduler: "wrr", Flags: kernel.FlagOnePacket},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolSCTP, 9), Scheduler: "rr"},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 81), Scheduler: "sh", Flags: kernel.FlagSHFallback | kernel.FlagSHPort},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 82), Scheduler: "mh", Flags: kernel.FlagMHPort},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 83), Scheduler: "rr", Flags: kernel.FlagPersistent, Timeout: 60, Netmask: 24},
+			{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolTCP, 80), Scheduler: "rr", Flags: kernel.FlagPersistent, Timeout: 10800},
+			{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolUDP, 53), Scheduler: "rr", Netmask: 64, Flags: kernel.FlagPersistent, Timeout: 5},
+			{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x7f000000+next()), Scheduler: "rr"},
+			{Key: kernel.FWMarkKey(kernel.FamilyIPv6, 0x7f000000+next()), Scheduler: "rr"},
+		}
+		for _, vs := range cases {
+			addVS(t, v, vs)
+			got, err := v.GetVirtualServer(vs.Key)
+			must(t, err, "get "+vs.Key.String())
+			if want := vs.Normalize(); got != want {
+				t.Errorf("get %v:\n got %+v\nwant %+v", vs.Key, got, want)
+			}
+		}
+		list, err := v.ListVirtualServers()
+		must(t, err, "list")
+		if !slices.IsSortedFunc(list, func(a, b kernel.VirtualServer) int { return a.Key.Compare(b.Key) }) {
+			t.Errorf("list not sorted by key: %+v", list)
+		}
+		for _, vs := range cases {
+			if !slices.Contains(list, vs.Normalize()) {
+				t.Errorf("list lacks %+v", vs.Normalize())
+			}
+		}
+	})
+
+	t.Run("HashedFlagIgnored", func(t *testing.T) {
+		v := newIPVS(t)
+		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr", Flags: kernel.FlagHashed | kernel.FlagPersistent, Timeout: 30}
+		addVS(t, v, vs)
+		got, err := v.GetVirtualServer(vs.Key)
+		must(t, err, "get")
+		if got.Flags != kernel.FlagPersistent {
+			t.Errorf("flags %#x, want only persistent", got.Flags)
+		}
+	})
+
+	t.Run("DuplicateAddIsErrExist", func(t *testing.T) {
+		v := newIPVS(t)
+		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+		addVS(t, v, vs)
+		vs.Scheduler = "wrr"
+		wantErr(t, v.AddVirtualServer(vs), kernel.ErrExist, "second add")
+		got, err := v.GetVirtualServer(vs.Key)
+		must(t, err, "get")
+		if got.Scheduler != "rr" {
+			t.Errorf("failed add changed scheduler to %q", got.Scheduler)
+		}
+	})
+
+	t.Run("UpdateVirtualServer", func(t *testing.T) {
+		v := newIPVS(t)
+		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+		addVS(t, v, vs)
+		vs.Scheduler, vs.Flags, vs.Timeout = "wrr", kernel.FlagPersistent, 10800
+		must(t, v.UpdateVirtualServer(vs), "update")
+		got, err := v.GetVirtualServer(vs.Key)
+		must(t, err, "get")
+		if got != vs.Normalize() {
+			t.Errorf("after update got %+v, want %+v", got, vs.Normalize())
+		}
+		vs.Scheduler, vs.Flags, vs.Timeout = "mh", kernel.FlagMHPort|kernel.FlagMHFallback, 0
+		must(t, v.UpdateVirtualServer(vs), "update to mh")
+		got, err = v.GetVirtualServer(vs.Key)
+		must(t, err, "get")
+		if got != vs.Normalize() {
+			t.Errorf("after second update got %+v, want %+v", got, vs.Normalize())
+		}
+	})
+
+	t.Run("MissingIsErrNotFound", func(t *testing.T) {
+		v := newIPVS(t)
+		key := kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80)
+		_, err := v.GetVirtualServer(key)
+		wantErr(t, err, kernel.ErrNotFound, "get missing")
+		wantErr(t, v.UpdateVirtualServer(kernel.VirtualServer{Key: key, Scheduler: "rr"}), kernel.ErrNotFound, "update missing")
+		wantErr(t, v.DeleteVirtualServer(key), kernel.ErrNotFound, "delete missing")
+		_, err = v.ListDestinations(key)
+		wantErr(t, err, kernel.ErrNotFound, "list destinations of missing")
+		d := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 1}
+		wantErr(t, v.AddDestination(key, d), kernel.ErrNotFound, "add destination to missing")
+		wantErr(t, v.DeleteVirtualServer(kernel.FWMarkKey(kernel.FamilyIPv4, 0x7e000000+next())), kernel.ErrNotFound, "delete missing fwmark")
+	})
+
+	t.Run("UnknownSchedulerIsErrUnsupported", func(t *testing.T) {
+		v := newIPVS(t)
+		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "nosuchsched"}
+		wantErr(t, v.AddVirtualServer(vs), kernel.ErrUnsupported, "add with unknown scheduler")
+		vs.Scheduler = "rr"
+		addVS(t, v, vs)
+		vs.Scheduler = "nosuchsched"
+		wantErr(t, v.UpdateVirtualServer(vs), kernel.ErrUnsupported, "update to unknown scheduler")
+	})
+
+	t.Run("Destinations", func(t *testing.T) {
+		v := newIPVS(t)
+		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "wrr"}
+		addVS(t, v, vs)
+		d1 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 1}
+		d2 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 3}
+		d3 := kernel.Destination{Address: d1.Address, Port: 8081, Weight: 0}
+		for _, d := range []kernel.Destination{d2, d1, d3} {
+			must(t, v.AddDestination(vs.Key, d), "add "+d.Key().String())
+		}
+		wantDests(t, v, vs.Key, []kernel.Destination{d1, d3, d2})
+		wantErr(t, v.AddDestination(vs.Key, d1), kernel.ErrExist, "add existing destination")
+
+		d1.Weight = 0
+		must(t, v.UpdateDestination(vs.Key, d1), "update weight to 0")
+		d3.Weight = 7
+		must(t, v.UpdateDestination(vs.Key, d3), "update weight to 7")
+		wantDests(t, v, vs.Key, []kernel.Destination{d1, d3, d2})
+
+		missing := kernel.Destination{Address: testAddr4(), Port: 1, Weight: 1}
+		wantErr(t, v.UpdateDestination(vs.Key, missing), kernel.ErrNotFound, "update missing destination")
+		wantErr(t, v.DeleteDestination(vs.Key, missing.Key()), kernel.ErrNotFound, "delete missing destination")
+
+		must(t, v.DeleteDestination(vs.Key, d2.Key()), "delete destination")
+		wantDests(t, v, vs.Key, []kernel.Destination{d1, d3})
+
+		must(t, v.DeleteVirtualServer(vs.Key), "delete server with destinations")
+		_, err := v.ListDestinations(vs.Key)
+		wantErr(t, err, kernel.ErrNotFound, "destinations of deleted server")
+		// Re-adding starts empty: the destinations went with the server.
+		addVS(t, v, vs)
+		wantDests(t, v, vs.Key, nil)
+	})
+
+	t.Run("DestinationsIPv6AndFWMark", func(t *testing.T) {
+		v := newIPVS(t)
+		vs6 := kernel.VirtualServer{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolUDP, 53), Scheduler: "rr"}
+		addVS(t, v, vs6)
+		d6 := kernel.Destination{Address: testAddr6(), Port: 5353, Weight: 2}
+		must(t, v.AddDestination(vs6.Key, d6), "add v6 destination")
+		wantDests(t, v, vs6.Key, []kernel.Destination{d6})
+
+		fw := kernel.VirtualServer{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x7d000000+next()), Scheduler: "rr"}
+		addVS(t, v, fw)
+		dfw := kernel.Destination{Address: testAddr4(), Port: 0, Weight: 1}
+		must(t, v.AddDestination(fw.Key, dfw), "add fwmark destination")
+		wantDests(t, v, fw.Key, []kernel.Destination{dfw})
+	})
+
+	t.Run("Timeouts", func(t *testing.T) {
+		v := newIPVS(t)
+		orig, err := v.Timeouts()
+		must(t, err, "read timeouts")
+		if orig.TCP <= 0 || orig.TCPFin <= 0 || orig.UDP <= 0 {
+			t.Fatalf("timeouts %+v: want all positive", orig)
+		}
+		t.Cleanup(func() { _ = v.SetTimeouts(orig) })
+		must(t, v.SetTimeouts(kernel.Timeouts{}), "set all zero")
+		got, err := v.Timeouts()
+		must(t, err, "read")
+		if got != orig {
+			t.Errorf("zero timeouts changed %+v to %+v", orig, got)
+		}
+		must(t, v.SetTimeouts(kernel.Timeouts{TCP: orig.TCP + time.Second}), "set tcp only")
+		got, err = v.Timeouts()
+		must(t, err, "read")
+		if want := (kernel.Timeouts{TCP: orig.TCP + time.Second, TCPFin: orig.TCPFin, UDP: orig.UDP}); got != want {
+			t.Errorf("after tcp-only set got %+v, want %+v", got, want)
+		}
+		want := kernel.Timeouts{TCP: 901 * time.Second, TCPFin: 121 * time.Second, UDP: 301 * time.Second}
+		must(t, v.SetTimeouts(want), "set all")
+		got, err = v.Timeouts()
+		must(t, err, "read")
+		if got != want {
+			t.Errorf("got %+v, want %+v", got, want)
+		}
+		wantErr(t, v.SetTimeouts(kernel.Timeouts{UDP: 1500 * time.Millisecond}), kernel.ErrInvalid, "sub-second timeout")
+		wantErr(t, v.SetTimeouts(kernel.Timeouts{TCP: -time.Second}), kernel.ErrInvalid, "negative timeout")
+	})
+
+	t.Run("InvalidInput", func(t *testing.T) {
+		v := newIPVS(t)
+		key := kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80)
+		bad := []kernel.VirtualServer{
+			{Key: key}, // no scheduler
+			{Key: kernel.VirtualServerKey{}, Scheduler: "rr"}, // empty key
+			{Key: kernel.AddrKey(testAddr4(), 0, 80), Scheduler: "rr"},
+			{Key: kernel.FWMarkKey(kernel.FamilyUnspecified, 5), Scheduler: "rr"},
+			{Key: key, Scheduler: "rr", Netmask: 33},
+			{Key: key, Scheduler: "rr", Flags: 0x8000},
+		}
+		for i, vs := range bad {
+			wantErr(t, v.AddVirtualServer(vs), kernel.ErrInvalid, fmt.Sprintf("bad server %d %+v", i, vs))
+		}
+		addVS(t, v, kernel.VirtualServer{Key: key, Scheduler: "rr"})
+		wantErr(t, v.AddDestination(key, kernel.Destination{Address: testAddr6(), Port: 80, Weight: 1}), kernel.ErrInvalid, "v6 destination on v4 server")
+		wantErr(t, v.AddDestination(key, kernel.Destination{Address: testAddr4(), Port: 80, Weight: -1}), kernel.ErrInvalid, "negative weight")
+		wantDests(t, v, key, nil)
+	})
+
+	t.Run("Schedulers", func(t *testing.T) {
+		v := newIPVS(t)
+		s, err := v.Schedulers()
+		must(t, err, "schedulers")
+		if !slices.IsSorted(s) || !slices.Contains(s, "rr") {
+			t.Errorf("schedulers %v: want sorted and containing rr", s)
+		}
+	})
+
+	t.Run("ConcurrentUse", func(t *testing.T) {
+		v := newIPVS(t)
+		const workers, each = 4, 25
+		keys := make([]kernel.VirtualServerKey, workers*each)
+		for i := range keys {
+			keys[i] = kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80)
+		}
+		t.Cleanup(func() {
+			for _, k := range keys {
+				_ = v.DeleteVirtualServer(k)
+			}
+		})
+		var wg sync.WaitGroup
+		errs := make(chan error, len(keys))
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, k := range keys[w*each : (w+1)*each] {
+					if err := v.AddVirtualServer(kernel.VirtualServer{Key: k, Scheduler: "rr"}); err != nil {
+						errs <- err
+						continue
+					}
+					if err := v.AddDestination(k, kernel.Destination{Address: k.Address.Next(), Port: 8080, Weight: 1}); err != nil {
+						errs <- err
+					}
+					if _, err := v.ListVirtualServers(); err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("concurrent op: %v", err)
+		}
+		for _, k := range keys {
+			ds, err := v.ListDestinations(k)
+			if err != nil || len(ds) != 1 {
+				t.Errorf("%v: destinations %v, %v; want one", k, ds, err)
+			}
+		}
+	})
+}
+
+// addVS adds vs and deletes it when the test ends.
+func addVS(t *testing.T, v kernel.IPVS, vs kernel.VirtualServer) {
+	t.Helper()
+	must(t, v.AddVirtualServer(vs), "add "+vs.Key.String())
+	t.Cleanup(func() { _ = v.DeleteVirtualServer(vs.Key) })
+}
+
+func wantDests(t *testing.T, v kernel.IPVS, key kernel.VirtualServerKey, want []kernel.Destination) {
+	t.Helper()
+	got, err := v.ListDestinations(key)
+	must(t, err, "list destinations of "+key.String())
+	if len(got) != len(want) {
+		t.Fatalf("destinations of %v: got %+v, want %+v", key, got, want)
+	}
+	for i := range want {
+		w := want[i]
+		w.Address = w.Address.Unmap()
+		w.ActiveConn, w.InactiveConn = 0, 0
+		if got[i] != w {
+			t.Errorf("destination %d of %v: got %+v, want %+v", i, key, got[i], w)
+		}
+	}
+}

@@ -1,0 +1,20 @@
+package memory_test
+
+import (
+	"testing"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/kernel/contract"
+	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+)
+
+func TestContract(t *testing.T) {
+	contract.Run(t, func(t *testing.T) kernel.Kernel { return memory.New().Kernel() })
+}
+
+// TestContractSharedKernel runs the suite against one kernel shared by all
+// tests, the way it runs against the real kernel.
+func TestContractSharedKernel(t *testing.T) {
+	k := memory.New().Kernel()
+	contract.Run(t, func(t *testing.T) kernel.Kernel { return k })
+}
