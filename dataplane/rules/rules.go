@@ -1,0 +1,335 @@
+// Package rules renders the agent's iptables rules. It is a pure function
+// of a typed Input (no kernel, no clock): Render returns a Ruleset, whose
+// Payload is one iptables-restore --noflush input per family.
+//
+// The payload declares (and so flushes) only vsplane's own chains, then
+// refills them. The jumps from built-in chains (PREROUTING, OUTPUT,
+// POSTROUTING, FORWARD) cannot be written that way without flushing the
+// built-in chain, so they are returned separately as Jumps: the caller
+// reads the built-in chains (iptables-save), and passes the missing ones to
+// Payload, which inserts them at position 1 like kube-proxy's
+// EnsureRule(Prepend). A jump already present anywhere in its chain is left
+// alone, so repeated applies never duplicate it.
+//
+// Rules are written the way iptables-save prints them, so a read-back can
+// be compared rule by rule (Ruleset.Diff) to detect drift.
+package rules
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// Chain names (kube-proxy's).
+const (
+	ChainServices    = "KUBE-SERVICES"
+	ChainPostrouting = "KUBE-POSTROUTING"
+	ChainMarkMasq    = "KUBE-MARK-MASQ"
+	ChainForward     = "KUBE-FORWARD"
+)
+
+// DefaultMasqueradeBit is kube-proxy's default --iptables-masquerade-bit.
+const DefaultMasqueradeBit = 14
+
+// Input is everything the rules depend on, for one family.
+type Input struct {
+	Family kernel.Family
+	// MasqueradeAll: SNAT all traffic to a service (--masquerade-all).
+	MasqueradeAll bool
+	// MasqueradeBit is the packet-mark bit requesting SNAT (0..31).
+	MasqueradeBit uint8
+	// ClusterCIDR of this family for local-traffic detection; the zero
+	// Prefix disables detection (kube-proxy then masquerades by source VIP).
+	ClusterCIDR netip.Prefix
+	// RandomFully: MASQUERADE supports --random-fully.
+	RandomFully bool
+	// ConntrackTCPLiberal: nf_conntrack_tcp_be_liberal is set, so INVALID
+	// packets need not be dropped.
+	ConntrackTCPLiberal bool
+	// NonEmpty are the sets (of this family) that have entries; rules
+	// matching an empty set are left out, as kube-proxy does.
+	NonEmpty SetMask
+}
+
+// Validate reports an Input that cannot be rendered.
+func (in Input) Validate() error {
+	if !in.Family.Valid() {
+		return fmt.Errorf("rules: family must be inet or inet6: %w", kernel.ErrInvalid)
+	}
+	if in.MasqueradeBit > 31 {
+		return fmt.Errorf("rules: masquerade bit %d out of range 0..31: %w", in.MasqueradeBit, kernel.ErrInvalid)
+	}
+	if in.ClusterCIDR.IsValid() && kernel.FamilyOf(in.ClusterCIDR.Addr().Unmap()) != in.Family {
+		return fmt.Errorf("rules: cluster CIDR %v is not %v: %w", in.ClusterCIDR, in.Family, kernel.ErrInvalid)
+	}
+	return nil
+}
+
+// Chain is one of our chains and its rules (without "-A CHAIN").
+type Chain struct {
+	Name  string
+	Rules []string
+}
+
+// Table is our chains of one table, in declaration order.
+type Table struct {
+	Table  kernel.Table
+	Chains []Chain
+}
+
+// Chain returns the named chain.
+func (t Table) Chain(name string) (Chain, bool) {
+	for _, c := range t.Chains {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Chain{}, false
+}
+
+// Jump is a rule in a built-in chain that leads to one of ours.
+type Jump struct {
+	Table kernel.Table
+	From  string // built-in chain
+	Rule  string // rule spec without "-A From"
+}
+
+// Ruleset is the rendered rules of one family.
+type Ruleset struct {
+	Family kernel.Family
+	// Tables in payload order (filter, then nat, like kube-proxy).
+	Tables []Table
+	Jumps  []Jump
+}
+
+// Render computes the ruleset for in.
+func Render(in Input) (Ruleset, error) {
+	if err := in.Validate(); err != nil {
+		return Ruleset{}, err
+	}
+	b := newBuilder(in)
+	for _, section := range sections {
+		section(b)
+	}
+	return b.ruleset(), nil
+}
+
+// builder collects rules per chain; chains are declared up front (in
+// tableChains) so every section can append to any of them in any order.
+type builder struct {
+	in     Input
+	mark   string // "0x4000/0x4000"
+	rules  map[kernel.Table]map[string][]string
+	jumps  []Jump
+	tables []Table
+}
+
+// tableChains declares our chains per table, in payload order. Issue 4 adds
+// KUBE-NODE-PORT, KUBE-LOAD-BALANCER (nat) and KUBE-NODE-PORT,
+// KUBE-PROXY-FIREWALL, KUBE-SOURCE-RANGES-FIREWALL, KUBE-IPVS-FILTER,
+// KUBE-IPVS-OUT-FILTER (filter) here and a section below.
+var tableChains = []struct {
+	table  kernel.Table
+	chains []string
+}{
+	{kernel.TableFilter, []string{ChainForward}},
+	{kernel.TableNAT, []string{ChainServices, ChainPostrouting, ChainMarkMasq}},
+}
+
+// sections write the rules in kube-proxy's order (writeIptablesRules):
+// set-driven rules, ClusterIP masquerade, ACCEPT for IPVS traffic, forward
+// rules, postrouting masquerade, mark chain, then the jumps.
+var sections = []func(*builder){
+	(*builder).setRules,
+	(*builder).clusterIPRules,
+	(*builder).acceptIPVSTraffic,
+	(*builder).forwardRules,
+	(*builder).postroutingRules,
+	(*builder).markMasqRules,
+	(*builder).jumpRules,
+}
+
+func newBuilder(in Input) *builder {
+	bit := uint32(1) << in.MasqueradeBit
+	b := &builder{
+		in:    in,
+		mark:  fmt.Sprintf("%#x/%#x", bit, bit),
+		rules: map[kernel.Table]map[string][]string{},
+	}
+	for _, tc := range tableChains {
+		b.rules[tc.table] = map[string][]string{}
+	}
+	return b
+}
+
+func (b *builder) add(t kernel.Table, chain string, parts ...string) {
+	b.rules[t][chain] = append(b.rules[t][chain], strings.Join(parts, " "))
+}
+
+// comment renders a comment match the way iptables-save prints it: quoted
+// when it contains spaces.
+func comment(text string) string {
+	if strings.ContainsAny(text, " \t'\"") {
+		return `-m comment --comment "` + text + `"`
+	}
+	return "-m comment --comment " + text
+}
+
+func (b *builder) setName(s Set) string { return s.Name(b.in.Family) }
+
+// setRules are kube-proxy's ipsetWithIptablesChain rules for the sets this
+// issue supports: only the hairpin masquerade of KUBE-LOOP-BACK.
+func (b *builder) setRules() {
+	if b.in.NonEmpty.Has(SetLoopBack) {
+		b.add(kernel.TableNAT, ChainPostrouting, comment(SetLoopBack.Comment()),
+			"-m set --match-set", b.setName(SetLoopBack), "dst,dst,src", "-j MASQUERADE")
+	}
+}
+
+// clusterIPRules marks traffic to a ClusterIP for masquerading when it does
+// not come from a pod (or always with MasqueradeAll).
+func (b *builder) clusterIPRules() {
+	if !b.in.NonEmpty.Has(SetClusterIP) {
+		return
+	}
+	match := []string{comment(SetClusterIP.Comment()), "-m set --match-set", b.setName(SetClusterIP)}
+	switch {
+	case b.in.MasqueradeAll:
+		b.add(kernel.TableNAT, ChainServices, append(match, "dst,dst", "-j", ChainMarkMasq)...)
+	case b.in.ClusterCIDR.IsValid():
+		// iptables-save prints the source match first.
+		src := "! -s " + b.in.ClusterCIDR.Masked().String()
+		b.add(kernel.TableNAT, ChainServices, append(append([]string{src}, match...), "dst,dst", "-j", ChainMarkMasq)...)
+	default:
+		// No way to tell pod traffic: masquerade traffic whose source is a
+		// VIP (node-originated connections pick the VIP on kube-ipvs0).
+		b.add(kernel.TableNAT, ChainServices, append(match, "src,dst", "-j", ChainMarkMasq)...)
+	}
+}
+
+// acceptIPVSTraffic accepts traffic to virtual servers so later rules
+// cannot block it; it must stay at the end of KUBE-SERVICES.
+func (b *builder) acceptIPVSTraffic() {
+	for _, s := range []Set{SetClusterIP, SetLoadBalancer} {
+		if b.in.NonEmpty.Has(s) {
+			b.add(kernel.TableNAT, ChainServices, "-m set --match-set", b.setName(s), "dst,dst", "-j ACCEPT")
+		}
+	}
+}
+
+func (b *builder) forwardRules() {
+	if !b.in.ConntrackTCPLiberal {
+		// kubernetes#74839: INVALID packets would reset connections.
+		b.add(kernel.TableFilter, ChainForward, "-m conntrack --ctstate INVALID -j DROP")
+	}
+	b.add(kernel.TableFilter, ChainForward, comment("kubernetes forwarding rules"), "-m mark --mark", b.mark, "-j ACCEPT")
+	b.add(kernel.TableFilter, ChainForward, comment("kubernetes forwarding conntrack rule"),
+		"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
+}
+
+func (b *builder) postroutingRules() {
+	bit := b.mark[:strings.IndexByte(b.mark, '/')]
+	b.add(kernel.TableNAT, ChainPostrouting, "-m mark ! --mark", b.mark, "-j RETURN")
+	// Clear the mark (--xor-mark) so a re-traversing packet is not
+	// masqueraded twice.
+	b.add(kernel.TableNAT, ChainPostrouting, "-j MARK --set-xmark", bit+"/0x0")
+	masq := []string{comment("kubernetes service traffic requiring SNAT"), "-j MASQUERADE"}
+	if b.in.RandomFully {
+		masq = append(masq, "--random-fully")
+	}
+	b.add(kernel.TableNAT, ChainPostrouting, masq...)
+}
+
+func (b *builder) markMasqRules() {
+	// --or-mark, as iptables-save prints it.
+	b.add(kernel.TableNAT, ChainMarkMasq, "-j MARK --set-xmark", b.mark)
+}
+
+// jumpRules are kube-proxy's iptablesJumpChain entries for our chains.
+func (b *builder) jumpRules() {
+	portals := comment("kubernetes service portals") + " -j " + ChainServices
+	b.jumps = append(b.jumps,
+		Jump{kernel.TableNAT, "OUTPUT", portals},
+		Jump{kernel.TableNAT, "PREROUTING", portals},
+		Jump{kernel.TableNAT, "POSTROUTING", comment("kubernetes postrouting rules") + " -j " + ChainPostrouting},
+		Jump{kernel.TableFilter, "FORWARD", comment("kubernetes forwarding rules") + " -j " + ChainForward},
+	)
+}
+
+func (b *builder) ruleset() Ruleset {
+	rs := Ruleset{Family: b.in.Family, Jumps: b.jumps}
+	for _, tc := range tableChains {
+		t := Table{Table: tc.table}
+		for _, c := range tc.chains {
+			t.Chains = append(t.Chains, Chain{Name: c, Rules: b.rules[tc.table][c]})
+		}
+		rs.Tables = append(rs.Tables, t)
+	}
+	return rs
+}
+
+// Payload renders the iptables-restore --noflush input: our chains
+// declared (flushed) and refilled, plus an insert at position 1 for each of
+// missingJumps (see MissingJumps).
+func (r Ruleset) Payload(missingJumps []Jump) []byte {
+	var buf bytes.Buffer
+	for _, t := range r.Tables {
+		fmt.Fprintf(&buf, "*%s\n", t.Table)
+		for _, c := range t.Chains {
+			fmt.Fprintf(&buf, ":%s - [0:0]\n", c.Name)
+		}
+		for _, c := range t.Chains {
+			for _, rule := range c.Rules {
+				fmt.Fprintf(&buf, "-A %s %s\n", c.Name, rule)
+			}
+		}
+		for _, j := range missingJumps {
+			if j.Table == t.Table {
+				fmt.Fprintf(&buf, "-I %s 1 %s\n", j.From, j.Rule)
+			}
+		}
+		buf.WriteString("COMMIT\n")
+	}
+	return buf.Bytes()
+}
+
+// Check compares the ruleset with what iptables-save shows for its tables
+// (parsed with kernel.ParseSave). It returns the jumps missing from the
+// built-in chains and whether any of our chains differs (missing, or with
+// other rules).
+func (r Ruleset) Check(saved []kernel.TableDump) (missingJumps []Jump, chainsDiffer bool) {
+	byTable := map[kernel.Table]kernel.TableDump{}
+	for _, d := range saved {
+		byTable[d.Table] = d
+	}
+	for _, t := range r.Tables {
+		d := byTable[t.Table]
+		for _, c := range t.Chains {
+			got, ok := d.Chain(c.Name)
+			if !ok || !slices.Equal(got.Rules, c.Rules) {
+				chainsDiffer = true
+			}
+		}
+	}
+	for _, j := range r.Jumps {
+		got, ok := byTable[j.Table].Chain(j.From)
+		if !ok || !slices.Contains(got.Rules, j.Rule) {
+			missingJumps = append(missingJumps, j)
+		}
+	}
+	return missingJumps, chainsDiffer
+}
+
+// TableNames lists the tables the ruleset touches.
+func (r Ruleset) TableNames() []kernel.Table {
+	out := make([]kernel.Table, 0, len(r.Tables))
+	for _, t := range r.Tables {
+		out = append(out, t.Table)
+	}
+	return out
+}
