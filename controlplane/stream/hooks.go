@@ -1,0 +1,51 @@
+package stream
+
+import (
+	"time"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// Hooks let the caller observe streams (metrics, tests). Every field is
+// optional. Hooks run synchronously on the stream's goroutine: keep them fast
+// and never block; they must not call back into the Server.
+type Hooks struct {
+	// OnConnect runs after a valid Hello has been accepted.
+	OnConnect func(ev ConnectEvent)
+	// OnDisconnect runs when a stream ends; err is what Connect returns (nil
+	// on a clean client close).
+	OnDisconnect func(node string, err error)
+	// OnDeltaSent runs after a Delta was handed to gRPC.
+	OnDeltaSent func(node string, delta *vsplanev1.Delta)
+	// OnAck runs for every Ack that matched an in-flight Delta.
+	OnAck func(ev AckEvent)
+}
+
+// ConnectEvent describes an accepted stream.
+type ConnectEvent struct {
+	Node         string
+	AgentVersion string
+	Peer         string
+	// HeldResources is the number of resources the agent reported in Hello.
+	HeldResources int
+	// Replaced is true when an older stream for the same node was closed.
+	Replaced bool
+}
+
+// AckEvent describes one Ack and the Delta it answers.
+type AckEvent struct {
+	Node   string
+	Nonce  string
+	Status vsplanev1.AckStatus
+	// ApplyDuration as reported by the agent (zero if it sent none).
+	ApplyDuration time.Duration
+	// SentAt is when the Delta was sent; ReceivedAt when the Ack arrived.
+	SentAt, ReceivedAt time.Time
+	// TriggerTimes of the Delta's resources (from Source.TriggerTime), by
+	// name; trigger→ReceivedAt is the end-to-end programming latency.
+	TriggerTimes map[string]time.Time
+	// Resources and Removed count what the Delta carried.
+	Resources, Removed int
+	Errors            []*vsplanev1.ResourceError
+	KernelOperations  map[string]uint32
+}

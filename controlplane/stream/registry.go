@@ -1,0 +1,158 @@
+package stream
+
+import (
+	"maps"
+	"sort"
+	"sync"
+	"time"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Registry holds the agents connected to this replica, one per node. It is
+// safe for concurrent use.
+type Registry struct {
+	src Source
+
+	mu     sync.Mutex
+	byNode map[string]*agentState
+}
+
+// agentState is the inspectable part of one stream. Written by the stream's
+// goroutine, read by ListAgents; guarded by mu.
+type agentState struct {
+	// closed when a newer stream for the same node replaces this one.
+	replaced chan struct{}
+
+	mu             sync.Mutex
+	node           string
+	agentVersion   string
+	peer           string
+	connectedSince time.Time
+	capabilities   *vsplanev1.Capabilities
+	acked          map[string]string
+	nacks          uint64
+	lastNackError  string
+	lastAck        time.Time
+	lastStatus     *vsplanev1.AgentStatus
+}
+
+func newRegistry(src Source) *Registry {
+	return &Registry{src: src, byNode: map[string]*agentState{}}
+}
+
+// register installs st for its node and closes the replaced channel of any
+// previous stream of that node. Reports whether one was replaced.
+func (r *Registry) register(st *agentState) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old, ok := r.byNode[st.node]
+	if ok {
+		close(old.replaced)
+	}
+	r.byNode[st.node] = st
+	return ok
+}
+
+// unregister removes st unless a newer stream already took its place.
+func (r *Registry) unregister(st *agentState) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byNode[st.node] == st {
+		delete(r.byNode, st.node)
+	}
+}
+
+// Len is the number of connected agents.
+func (r *Registry) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byNode)
+}
+
+// ListAgents returns a copy of every connected agent's info, sorted by node
+// name. pending_resources is computed against the Source's current state.
+func (r *Registry) ListAgents() []*vsplanev1.AgentInfo {
+	r.mu.Lock()
+	states := make([]*agentState, 0, len(r.byNode))
+	for _, st := range r.byNode {
+		states = append(states, st)
+	}
+	r.mu.Unlock()
+	sort.Slice(states, func(i, j int) bool { return states[i].node < states[j].node })
+	out := make([]*vsplanev1.AgentInfo, 0, len(states))
+	for _, st := range states {
+		out = append(out, r.info(st))
+	}
+	return out
+}
+
+// Agent returns one node's info.
+func (r *Registry) Agent(node string) (*vsplanev1.AgentInfo, bool) {
+	r.mu.Lock()
+	st, ok := r.byNode[node]
+	r.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return r.info(st), true
+}
+
+// LastStatus returns the last AgentStatus the node's agent sent (nil if none).
+func (r *Registry) LastStatus(node string) *vsplanev1.AgentStatus {
+	r.mu.Lock()
+	st, ok := r.byNode[node]
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.lastStatus == nil {
+		return nil
+	}
+	return proto.Clone(st.lastStatus).(*vsplanev1.AgentStatus)
+}
+
+func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
+	st.mu.Lock()
+	info := &vsplanev1.AgentInfo{
+		NodeName:             st.node,
+		AgentVersion:         st.agentVersion,
+		Peer:                 st.peer,
+		ConnectedSince:       timestamppb.New(st.connectedSince),
+		AcknowledgedVersions: maps.Clone(st.acked),
+		Nacks:                st.nacks,
+		LastNackError:        st.lastNackError,
+	}
+	if st.capabilities != nil {
+		info.Capabilities = proto.Clone(st.capabilities).(*vsplanev1.Capabilities)
+	}
+	if !st.lastAck.IsZero() {
+		info.LastAck = timestamppb.New(st.lastAck)
+	}
+	st.mu.Unlock()
+	if info.AcknowledgedVersions == nil {
+		info.AcknowledgedVersions = map[string]string{}
+	}
+	// pending = desired names whose version differs from the acked one, plus
+	// acked names no longer desired (their removal is not acknowledged yet).
+	if res, _, ok := r.src.List(st.node); ok {
+		seen := 0
+		var pending uint32
+		for _, rs := range res {
+			v, ok := info.AcknowledgedVersions[rs.GetName()]
+			if ok {
+				seen++
+			}
+			if !ok || v != rs.GetVersion() {
+				pending++
+			}
+		}
+		pending += uint32(len(info.AcknowledgedVersions) - seen)
+		info.PendingResources = pending
+	}
+	return info
+}

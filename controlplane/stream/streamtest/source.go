@@ -1,0 +1,197 @@
+// Package streamtest provides an in-memory stream.Source for tests of the
+// agent stream (server side, agent client, integration tests).
+package streamtest
+
+import (
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+
+	"github.com/vsplane/vsplane/controlplane/stream"
+)
+
+// Source is a goroutine-safe in-memory stream.Source. Resources carry a
+// NodeSettings body whose default_scheduler is the version, so bodies differ
+// when versions do.
+type Source struct {
+	mu       sync.Mutex
+	nodes    map[string]map[string]*vsplanev1.Resource
+	sysVer   map[string]int
+	triggers map[string]map[string]time.Time
+	subs     map[string][]*sub
+}
+
+var _ stream.Source = (*Source)(nil)
+
+// New returns an empty Source (no node known).
+func New() *Source {
+	return &Source{
+		nodes:    map[string]map[string]*vsplanev1.Resource{},
+		sysVer:   map[string]int{},
+		triggers: map[string]map[string]time.Time{},
+		subs:     map[string][]*sub{},
+	}
+}
+
+// Resource builds the resource the Source stores for name@version.
+func Resource(name, version string) *vsplanev1.Resource {
+	return &vsplanev1.Resource{Name: name, Version: version,
+		Body: &vsplanev1.Resource_NodeSettings{NodeSettings: &vsplanev1.NodeSettings{DefaultScheduler: version}}}
+}
+
+// AddNode makes node known (with no resources) and notifies nothing: a
+// known node with zero resources has no names to report.
+func (s *Source) AddNode(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.nodes[node]; !ok {
+		s.nodes[node] = map[string]*vsplanev1.Resource{}
+		s.sysVer[node]++
+	}
+}
+
+// RemoveNode forgets node and notifies subscribers with every name it had.
+func (s *Source) RemoveNode(node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.nodes[node]))
+	for n := range s.nodes[node] {
+		names = append(names, n)
+	}
+	delete(s.nodes, node)
+	s.notify(node, names...)
+}
+
+// Set upserts name@version for node (making the node known) with trigger
+// time trigger (zero: none) and notifies subscribers.
+func (s *Source) Set(node, name, version string, trigger time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodes[node] == nil {
+		s.nodes[node] = map[string]*vsplanev1.Resource{}
+	}
+	s.nodes[node][name] = Resource(name, version)
+	if s.triggers[node] == nil {
+		s.triggers[node] = map[string]time.Time{}
+	}
+	s.triggers[node][name] = trigger
+	s.sysVer[node]++
+	s.notify(node, name)
+}
+
+// Delete removes name from node and notifies subscribers.
+func (s *Source) Delete(node, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.nodes[node][name]; !ok {
+		return
+	}
+	delete(s.nodes[node], name)
+	s.sysVer[node]++
+	s.notify(node, name)
+}
+
+// Subscribers is the number of open subscriptions for node.
+func (s *Source) Subscribers(node string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.subs[node])
+}
+
+func (s *Source) notify(node string, names ...string) {
+	for _, sb := range s.subs[node] {
+		sb.add(names)
+	}
+}
+
+// Subscribe implements stream.Source.
+func (s *Source) Subscribe(node string) stream.Subscription {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb := &sub{src: s, node: node, ch: make(chan struct{}, 1), pending: map[string]struct{}{}}
+	s.subs[node] = append(s.subs[node], sb)
+	return sb
+}
+
+// List implements stream.Source.
+func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.nodes[node]
+	if !ok {
+		return nil, "", false
+	}
+	out := make([]*vsplanev1.Resource, 0, len(m))
+	for _, r := range m {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	return out, strconv.Itoa(s.sysVer[node]), true
+}
+
+// Get implements stream.Source.
+func (s *Source) Get(node, name string) (*vsplanev1.Resource, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.nodes[node][name]
+	return r, ok
+}
+
+// TriggerTime implements stream.Source.
+func (s *Source) TriggerTime(node, name string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.triggers[node][name]
+}
+
+type sub struct {
+	src  *Source
+	node string
+	ch   chan struct{}
+
+	mu      sync.Mutex
+	pending map[string]struct{}
+	closed  bool
+}
+
+func (b *sub) add(names []string) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	for _, n := range names {
+		b.pending[n] = struct{}{}
+	}
+	b.mu.Unlock()
+	select {
+	case b.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (b *sub) C() <-chan struct{} { return b.ch }
+
+func (b *sub) Drain() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]string, 0, len(b.pending))
+	for n := range b.pending {
+		out = append(out, n)
+	}
+	clear(b.pending)
+	return out
+}
+
+func (b *sub) Close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.src.mu.Lock()
+	defer b.src.mu.Unlock()
+	b.src.subs[b.node] = slices.DeleteFunc(b.src.subs[b.node], func(x *sub) bool { return x == b })
+}

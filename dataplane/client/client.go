@@ -1,0 +1,280 @@
+// Package client is the agent's side of the vsplane.v1.AgentService stream:
+// it dials the control plane, says Hello with the versions the node holds,
+// hands every Delta to an Applier and answers with its Ack, and reconnects
+// with exponential backoff and jitter.
+//
+// Fail-static: while disconnected the client applies nothing and deletes
+// nothing; the kernel keeps whatever was last programmed. On reconnect the
+// Hello carries Applier.Versions(), so the control plane sends only what
+// changed meanwhile.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// Applier programs Deltas into the node. It is implemented by the reconciler
+// and owns "what the agent holds".
+type Applier interface {
+	// Apply applies delta (upserts, then removals; removed names the Applier
+	// does not hold are not an error) and returns its outcome: ACK when every
+	// resource applied, NACK with one ResourceError per failed resource
+	// otherwise. Calls are sequential, in stream order. The client overwrites
+	// the Ack's nonce with the Delta's; a nil Ack is sent as a NACK. ctx is the
+	// client's lifetime context, NOT the stream's: a disconnect does not abort
+	// an apply in progress.
+	Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplanev1.Ack
+	// Versions returns name -> version of every resource the node holds now
+	// (successfully applied). The caller may keep the map; return a copy.
+	Versions() map[string]string
+}
+
+// Config configures a Client.
+type Config struct {
+	// Target is the control plane address (gRPC target, e.g. "host:port").
+	Target string
+	// NodeName is this node's Kubernetes Node name; required.
+	NodeName     string
+	AgentVersion string
+	// Capabilities is called for every Hello; nil sends none.
+	Capabilities func() *vsplanev1.Capabilities
+	// Applier is required.
+	Applier Applier
+	Logger  *zap.Logger
+	// BackoffBase and BackoffMax bound the reconnect delay (defaults 500ms, 30s).
+	// The delay doubles per failed attempt, with jitter in [d/2, d], and resets
+	// after a stream that delivered at least one Delta.
+	BackoffBase, BackoffMax time.Duration
+	// DialOptions are appended to the defaults (insecure credentials,
+	// keepalive, connect backoff bounded by BackoffMax).
+	DialOptions []grpc.DialOption
+	// OnStreamEnd, if set, is called after each stream ends (tests, metrics).
+	OnStreamEnd func(err error)
+}
+
+// Client runs the agent stream. Create with New, then call Run.
+type Client struct {
+	cfg       Config
+	log       *zap.Logger
+	connected atomic.Bool
+
+	statusMu   sync.Mutex
+	lastStatus *vsplanev1.AgentStatus
+	statusCh   chan struct{}
+}
+
+// New validates cfg and returns a Client.
+func New(cfg Config) (*Client, error) {
+	if cfg.Target == "" {
+		return nil, errors.New("client: Target is required")
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("client: NodeName is required")
+	}
+	if cfg.Applier == nil {
+		return nil, errors.New("client: Applier is required")
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = 500 * time.Millisecond
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = 30 * time.Second
+	}
+	if cfg.BackoffMax < cfg.BackoffBase {
+		return nil, fmt.Errorf("client: BackoffMax %v < BackoffBase %v", cfg.BackoffMax, cfg.BackoffBase)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Client{cfg: cfg, log: log.Named("client").With(zap.String("node", cfg.NodeName)),
+		statusCh: make(chan struct{}, 1)}, nil
+}
+
+// Connected reports whether a stream is open and its Hello was sent.
+func (c *Client) Connected() bool { return c.connected.Load() }
+
+// SetStatus records the agent's status; it is sent now if connected, and
+// again after every reconnect. Only the latest status is kept.
+func (c *Client) SetStatus(st *vsplanev1.AgentStatus) {
+	c.statusMu.Lock()
+	c.lastStatus = st
+	c.statusMu.Unlock()
+	select {
+	case c.statusCh <- struct{}{}:
+	default:
+	}
+}
+
+// Run connects and serves streams until ctx ends; it returns nil then, or an
+// error only if the connection cannot be set up at all (bad target).
+func (c *Client) Run(ctx context.Context) error {
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true,
+		}),
+		// Bound gRPC's own transport reconnect delay so a restarted control
+		// plane is found within BackoffMax (gRPC's default max is 120s).
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay: c.cfg.BackoffBase, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.cfg.BackoffMax,
+			},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	opts = append(opts, c.cfg.DialOptions...)
+	conn, err := grpc.NewClient(c.cfg.Target, opts...)
+	if err != nil {
+		return fmt.Errorf("client: dial %q: %w", c.cfg.Target, err)
+	}
+	defer conn.Close()
+	api := vsplanev1.NewAgentServiceClient(conn)
+
+	attempt := 0
+	for {
+		healthy, err := c.runStream(ctx, api)
+		if c.cfg.OnStreamEnd != nil {
+			c.cfg.OnStreamEnd(err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if healthy {
+			attempt = 0
+		}
+		d := c.backoff(attempt)
+		attempt++
+		c.log.Warn("agent stream ended; reconnecting (fail-static: kernel state kept)",
+			zap.Error(err), zap.Duration("backoff", d), zap.Int("attempt", attempt))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// backoff is min(max, base*2^attempt), jittered into [d/2, d].
+func (c *Client) backoff(attempt int) time.Duration {
+	d := c.cfg.BackoffMax
+	if attempt < 30 {
+		if b := c.cfg.BackoffBase << attempt; b > 0 && b < d {
+			d = b
+		}
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// runStream serves one stream. healthy reports whether it delivered a Delta.
+func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient) (healthy bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := api.Connect(sctx)
+	if err != nil {
+		return false, fmt.Errorf("open stream: %w", err)
+	}
+	var sendMu sync.Mutex // acks (this goroutine) and status (below) share the stream
+	send := func(m *vsplanev1.ConnectRequest) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return st.Send(m)
+	}
+
+	hello := &vsplanev1.Hello{
+		NodeName:         c.cfg.NodeName,
+		AgentVersion:     c.cfg.AgentVersion,
+		ResourceVersions: c.cfg.Applier.Versions(),
+	}
+	if c.cfg.Capabilities != nil {
+		hello.Capabilities = c.cfg.Capabilities()
+	}
+	if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Hello{Hello: hello}}); err != nil {
+		return false, fmt.Errorf("send Hello: %w", err)
+	}
+	c.connected.Store(true)
+	defer c.connected.Store(false)
+	c.log.Info("agent stream open", zap.String("target", c.cfg.Target),
+		zap.Int("heldResources", len(hello.ResourceVersions)))
+
+	// Status sender: the current status now, then on every SetStatus.
+	go func() {
+		sendStatus := func() {
+			c.statusMu.Lock()
+			s := c.lastStatus
+			c.statusMu.Unlock()
+			if s == nil {
+				return
+			}
+			if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: s}}); err != nil {
+				c.log.Debug("send status failed", zap.Error(err))
+			}
+		}
+		sendStatus()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-c.statusCh:
+				sendStatus()
+			}
+		}
+	}()
+
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("control plane closed the stream")
+			}
+			return healthy, err
+		}
+		delta := resp.GetDelta()
+		if delta == nil {
+			c.log.Warn("ignoring ConnectResponse without a Delta")
+			continue
+		}
+		healthy = true
+		start := time.Now()
+		ack := c.cfg.Applier.Apply(ctx, delta)
+		if ack == nil {
+			ack = &vsplanev1.Ack{Status: vsplanev1.AckStatus_ACK_STATUS_NACK,
+				Errors: []*vsplanev1.ResourceError{{Message: "applier returned no Ack"}}}
+		}
+		ack.Nonce = delta.GetNonce()
+		if ack.ApplyDuration == nil {
+			ack.ApplyDuration = durationpb.New(time.Since(start))
+		}
+		if ack.Status == vsplanev1.AckStatus_ACK_STATUS_UNSPECIFIED {
+			ack.Status = vsplanev1.AckStatus_ACK_STATUS_ACK
+			if len(ack.Errors) > 0 {
+				ack.Status = vsplanev1.AckStatus_ACK_STATUS_NACK
+			}
+		}
+		c.log.Debug("applied delta", zap.String("nonce", delta.GetNonce()),
+			zap.Int("resources", len(delta.GetResources())), zap.Int("removed", len(delta.GetRemoved())),
+			zap.Stringer("status", ack.Status))
+		if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Ack{Ack: ack}}); err != nil {
+			return healthy, fmt.Errorf("send Ack: %w", err)
+		}
+	}
+}

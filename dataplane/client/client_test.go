@@ -1,0 +1,236 @@
+package client_test
+
+import (
+	"context"
+	"maps"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+
+	"github.com/vsplane/vsplane/controlplane/grpcserver"
+	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/controlplane/stream/streamtest"
+	"github.com/vsplane/vsplane/dataplane/client"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+const wait = 15 * time.Second
+
+// memApplier holds versions in memory; it fails resources listed in fail.
+type memApplier struct {
+	mu      sync.Mutex
+	held    map[string]string
+	deltas  []*vsplanev1.Delta
+	fail    map[string]bool
+	applied chan *vsplanev1.Delta
+}
+
+func newMemApplier() *memApplier {
+	return &memApplier{held: map[string]string{}, fail: map[string]bool{}, applied: make(chan *vsplanev1.Delta, 100)}
+}
+
+func (m *memApplier) Apply(_ context.Context, d *vsplanev1.Delta) *vsplanev1.Ack {
+	m.mu.Lock()
+	ack := &vsplanev1.Ack{Status: vsplanev1.AckStatus_ACK_STATUS_ACK}
+	for _, r := range d.GetResources() {
+		if m.fail[r.GetName()] {
+			ack.Status = vsplanev1.AckStatus_ACK_STATUS_NACK
+			ack.Errors = append(ack.Errors, &vsplanev1.ResourceError{Name: r.GetName(), Version: r.GetVersion(), Message: "injected"})
+			continue
+		}
+		m.held[r.GetName()] = r.GetVersion()
+	}
+	for _, n := range d.GetRemoved() {
+		delete(m.held, n)
+	}
+	m.deltas = append(m.deltas, d)
+	m.mu.Unlock()
+	m.applied <- d
+	return ack
+}
+
+func (m *memApplier) Versions() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.held)
+}
+
+func (m *memApplier) next(t *testing.T) *vsplanev1.Delta {
+	t.Helper()
+	select {
+	case d := <-m.applied:
+		return d
+	case <-time.After(wait):
+		t.Fatal("timed out waiting for the applier to get a delta")
+	}
+	return nil
+}
+
+// cp is a control plane on a fixed real TCP address that can be restarted.
+type cp struct {
+	t        *testing.T
+	addr     string
+	src      *streamtest.Source
+	srv      *stream.Server
+	gs       *grpcserver.Server
+	connects chan stream.ConnectEvent
+}
+
+func startCP(t *testing.T, src *streamtest.Source, addr string) *cp {
+	t.Helper()
+	c := &cp{t: t, src: src, connects: make(chan stream.ConnectEvent, 10)}
+	c.srv = stream.NewServer(src, stream.Options{Logger: zaptest.NewLogger(t),
+		Hooks: stream.Hooks{OnConnect: func(ev stream.ConnectEvent) { c.connects <- ev }}})
+	var err error
+	c.gs, err = grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t)}, func(r grpc.ServiceRegistrar) {
+		vsplanev1.RegisterAgentServiceServer(r, c.srv)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lis net.Listener
+	deadline := time.Now().Add(wait)
+	for { // the old listener's port may take a moment to be free again
+		lis, err = net.Listen("tcp", addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.addr = lis.Addr().String()
+	go func() { _ = c.gs.Serve(lis) }()
+	t.Cleanup(func() { c.gs.Stop(time.Second) })
+	return c
+}
+
+func (c *cp) connect(t *testing.T) stream.ConnectEvent {
+	t.Helper()
+	select {
+	case ev := <-c.connects:
+		return ev
+	case <-time.After(wait):
+		t.Fatal("timed out waiting for the agent to connect")
+	}
+	return stream.ConnectEvent{}
+}
+
+func runClient(t *testing.T, cfg client.Config) *client.Client {
+	t.Helper()
+	cfg.Logger = zaptest.NewLogger(t)
+	c, err := client.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(wait):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	return c
+}
+
+func TestClientAppliesAndReconnectsAfterServerRestart(t *testing.T) {
+	src := streamtest.New()
+	src.Set("n1", "node/settings", "s1", time.Time{})
+	src.Set("n1", "service/default/a", "a1", time.Time{})
+	c1 := startCP(t, src, "127.0.0.1:0")
+	app := newMemApplier()
+	runClient(t, client.Config{
+		Target: c1.addr, NodeName: "n1", AgentVersion: "v-test", Applier: app,
+		Capabilities: func() *vsplanev1.Capabilities { return &vsplanev1.Capabilities{Ipv6: true} },
+		BackoffBase:  20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+	})
+	if ev := c1.connect(t); ev.Node != "n1" || ev.AgentVersion != "v-test" || ev.HeldResources != 0 {
+		t.Fatalf("first connect = %+v", ev)
+	}
+	if d := app.next(t); len(d.GetResources()) != 2 {
+		t.Fatalf("initial delta = %v", d)
+	}
+	waitFor(t, func() bool {
+		info, ok := c1.srv.Registry().Agent("n1")
+		return ok && info.GetPendingResources() == 0 && info.GetCapabilities().GetIpv6()
+	})
+
+	// Restart the control plane on the same address; change one resource while down.
+	c1.gs.Stop(time.Second)
+	src.Set("n1", "service/default/a", "a2", time.Time{})
+	c2 := startCP(t, src, c1.addr)
+	if ev := c2.connect(t); ev.HeldResources != 2 {
+		t.Fatalf("reconnect Hello carried %d versions, want 2", ev.HeldResources)
+	}
+	d := app.next(t)
+	if len(d.GetResources()) != 1 || d.GetResources()[0].GetVersion() != "a2" || len(d.GetRemoved()) != 0 {
+		t.Fatalf("delta after reconnect = %v, want only service/default/a@a2", d)
+	}
+	waitFor(t, func() bool {
+		info, ok := c2.srv.Registry().Agent("n1")
+		return ok && info.GetAcknowledgedVersions()["service/default/a"] == "a2"
+	})
+	// Fail-static: while the control plane was down nothing was applied.
+	app.mu.Lock()
+	n := len(app.deltas)
+	app.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("applier saw %d deltas, want 2 (initial + after reconnect)", n)
+	}
+}
+
+func TestClientNackIsNotResent(t *testing.T) {
+	src := streamtest.New()
+	src.Set("n1", "service/default/bad", "x1", time.Time{})
+	c := startCP(t, src, "127.0.0.1:0")
+	app := newMemApplier()
+	app.fail["service/default/bad"] = true
+	runClient(t, client.Config{Target: c.addr, NodeName: "n1", Applier: app})
+	app.next(t)
+	waitFor(t, func() bool {
+		info, ok := c.srv.Registry().Agent("n1")
+		return ok && info.GetNacks() == 1
+	})
+	src.Set("n1", "service/default/good", "g1", time.Time{})
+	d := app.next(t)
+	if len(d.GetResources()) != 1 || d.GetResources()[0].GetName() != "service/default/good" {
+		t.Fatalf("delta = %v, want only service/default/good", d)
+	}
+}
+
+func TestClientConfigValidation(t *testing.T) {
+	app := newMemApplier()
+	for _, cfg := range []client.Config{
+		{NodeName: "n", Applier: app},
+		{Target: "x:1", Applier: app},
+		{Target: "x:1", NodeName: "n"},
+		{Target: "x:1", NodeName: "n", Applier: app, BackoffBase: time.Second, BackoffMax: time.Millisecond},
+	} {
+		if _, err := client.New(cfg); err == nil {
+			t.Errorf("New(%+v) succeeded, want error", cfg)
+		}
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in time")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
