@@ -54,7 +54,7 @@ func newEnv(t *testing.T) *env {
 	}
 	e.addr = lis.Addr().String()
 	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(func() { gs.Stop(time.Second) })
+	t.Cleanup(func() { e.srv.Shutdown(); gs.Stop(time.Second) })
 	e.conn, err = grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

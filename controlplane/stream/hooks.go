@@ -46,6 +46,6 @@ type AckEvent struct {
 	TriggerTimes map[string]time.Time
 	// Resources and Removed count what the Delta carried.
 	Resources, Removed int
-	Errors            []*vsplanev1.ResourceError
-	KernelOperations  map[string]uint32
+	Errors             []*vsplanev1.ResourceError
+	KernelOperations   map[string]uint32
 }

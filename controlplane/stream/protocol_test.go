@@ -309,3 +309,22 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+func TestShutdownEndsStreamsWithUnavailable(t *testing.T) {
+	e := newEnv(t, true)
+	e.src.Set("n1", "node/settings", "s1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	a.delta()
+	e.srv.Shutdown()
+	e.srv.Shutdown() // idempotent
+	if c := statusCode(t, a.streamErr()); c != codes.Unavailable {
+		t.Fatalf("stream ended with %v, want Unavailable", c)
+	}
+	b := e.open()
+	b.hello("n1", nil)
+	if c := statusCode(t, b.streamErr()); c != codes.Unavailable {
+		t.Fatalf("new stream after Shutdown: %v, want Unavailable", c)
+	}
+	waitFor(t, func() bool { return e.srv.Registry().Len() == 0 })
+}

@@ -29,7 +29,11 @@
 package stream
 
 import (
+	"sync"
+
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -54,6 +58,9 @@ type Server struct {
 	maxInFlight int
 	hooks       Hooks
 	reg         *Registry
+
+	shutdownOnce sync.Once
+	shutdown     chan struct{}
 }
 
 // NewServer returns a Server that streams src's per-node state.
@@ -72,7 +79,20 @@ func NewServer(src Source, opts Options) *Server {
 		maxInFlight: mif,
 		hooks:       opts.Hooks,
 		reg:         newRegistry(src),
+		shutdown:    make(chan struct{}),
 	}
+}
+
+// Shutdown ends every open stream with Unavailable (agents reconnect, to
+// another replica if there is one) and refuses new ones. Call it before
+// stopping the gRPC server so GracefulStop does not wait on streams that
+// never end by themselves. Idempotent.
+func (s *Server) Shutdown() {
+	s.shutdownOnce.Do(func() { close(s.shutdown) })
+}
+
+func errShuttingDown() error {
+	return status.Error(codes.Unavailable, "control plane shutting down")
 }
 
 // Registry returns the registry of agents connected to this server.
@@ -83,6 +103,11 @@ var _ vsplanev1.AgentServiceServer = (*Server)(nil)
 // Connect serves one agent stream until the agent goes away, a protocol
 // error occurs, or a newer stream for the same node replaces it.
 func (s *Server) Connect(stream vsplanev1.AgentService_ConnectServer) error {
+	select {
+	case <-s.shutdown:
+		return errShuttingDown()
+	default:
+	}
 	sess, err := s.accept(stream)
 	if err != nil {
 		return err

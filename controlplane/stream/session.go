@@ -162,6 +162,9 @@ func (ss *session) run() error {
 		case <-ctx.Done():
 			ss.log.Info("agent stream ended", zap.Error(ctx.Err()))
 			return status.FromContextError(ctx.Err()).Err()
+		case <-ss.s.shutdown:
+			ss.log.Info("closing agent stream: shutting down")
+			return errShuttingDown()
 		case <-ss.st.replaced:
 			ss.log.Info("agent stream replaced by a newer one")
 			return status.Errorf(codes.Aborted, "stream replaced by a newer stream for node %q", ss.node)

@@ -62,7 +62,7 @@ func newEnv(t *testing.T, realSocket bool) *env {
 		}))
 	}
 	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(func() { gs.Stop(time.Second) })
+	t.Cleanup(func() { e.srv.Shutdown(); gs.Stop(time.Second) })
 	dialOpts = append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	e.conn, err = grpc.NewClient(target, dialOpts...)
 	if err != nil {

@@ -106,7 +106,7 @@ func startCP(t *testing.T, src *streamtest.Source, addr string) *cp {
 	}
 	c.addr = lis.Addr().String()
 	go func() { _ = c.gs.Serve(lis) }()
-	t.Cleanup(func() { c.gs.Stop(time.Second) })
+	t.Cleanup(func() { c.srv.Shutdown(); c.gs.Stop(time.Second) })
 	return c
 }
 
@@ -168,6 +168,7 @@ func TestClientAppliesAndReconnectsAfterServerRestart(t *testing.T) {
 	})
 
 	// Restart the control plane on the same address; change one resource while down.
+	c1.srv.Shutdown()
 	c1.gs.Stop(time.Second)
 	src.Set("n1", "service/default/a", "a2", time.Time{})
 	c2 := startCP(t, src, c1.addr)

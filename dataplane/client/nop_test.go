@@ -9,4 +9,4 @@ import (
 type nopApplier struct{}
 
 func (nopApplier) Apply(context.Context, *vsplanev1.Delta) *vsplanev1.Ack { return nil }
-func (nopApplier) Versions() map[string]string                         { return nil }
+func (nopApplier) Versions() map[string]string                            { return nil }
