@@ -1,0 +1,126 @@
+package linux_test
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/kernel/linux"
+)
+
+// TestLinksOnVeth checks address binding against the real kernel on a veth
+// device, which this host has (the dummy-device contract runs in the VM).
+func TestLinksOnVeth(t *testing.T) {
+	requireNetns(t)
+	l, err := linux.NewLinks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vspt-veth0"}, PeerName: "vspt-veth1"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("create veth pair: %v", err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
+
+	_, err = l.EnsureDummy("vspt-veth0")
+	if !errors.Is(err, kernel.ErrExist) {
+		t.Errorf("EnsureDummy over a veth: got %v, want ErrExist", err)
+	}
+	if err := l.DeleteDummy("vspt-veth0"); !errors.Is(err, kernel.ErrInvalid) {
+		t.Errorf("DeleteDummy of a veth: got %v, want ErrInvalid", err)
+	}
+
+	a4, a6 := netip.MustParseAddr("198.18.250.1"), netip.MustParseAddr("2001:2:0:fa::1")
+	for _, a := range []netip.Addr{a4, a6} {
+		added, err := l.BindAddress("vspt-veth0", a)
+		if err != nil || !added {
+			t.Fatalf("bind %v: added=%v err=%v", a, added, err)
+		}
+		added, err = l.BindAddress("vspt-veth0", a)
+		if err != nil || added {
+			t.Fatalf("bind %v again: added=%v err=%v", a, added, err)
+		}
+	}
+	got, err := l.BoundAddresses("vspt-veth0")
+	if err != nil || !slices.Equal(got, []netip.Addr{a4, a6}) {
+		t.Fatalf("bound: %v, %v; want [%v %v]", got, err, a4, a6)
+	}
+	local, err := l.LocalAddresses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(local, func(x kernel.InterfaceAddress) bool {
+		return x.Interface == "vspt-veth0" && x.Prefix == netip.MustParsePrefix("198.18.250.1/32") && x.Index > 0
+	}) {
+		t.Errorf("LocalAddresses lacks 198.18.250.1/32 on vspt-veth0: %+v", local)
+	}
+	// An address bound with another prefix length is still unbound.
+	link, err := netlink.LinkByName("vspt-veth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide, _ := netlink.ParseAddr("198.18.251.7/24")
+	if err := netlink.AddrAdd(link, wide); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{a4, a6, netip.MustParseAddr("198.18.251.7")} {
+		if err := l.UnbindAddress("vspt-veth0", a); err != nil {
+			t.Errorf("unbind %v: %v", a, err)
+		}
+		if err := l.UnbindAddress("vspt-veth0", a); err != nil {
+			t.Errorf("unbind %v again: %v", a, err)
+		}
+	}
+	got, err = l.BoundAddresses("vspt-veth0")
+	if err != nil || len(got) != 0 {
+		t.Errorf("after unbinding: %v, %v; want none", got, err)
+	}
+	if _, err := l.BoundAddresses("vspt-nodev"); !errors.Is(err, kernel.ErrNotFound) {
+		t.Errorf("missing device: got %v, want ErrNotFound", err)
+	}
+
+	// Dummy devices: created on kernels that have them (the VM), a clear
+	// error naming the module otherwise (this host).
+	created, err := l.EnsureDummy("vspt-dummy0")
+	switch {
+	case err == nil:
+		if !created {
+			t.Errorf("EnsureDummy of a new device: created=false")
+		}
+		if err := l.DeleteDummy("vspt-dummy0"); err != nil {
+			t.Errorf("delete dummy: %v", err)
+		}
+	case !errors.Is(err, kernel.ErrUnsupported) || !strings.Contains(err.Error(), "dummy"):
+		t.Errorf("EnsureDummy without dummy support: got %v, want ErrUnsupported naming the dummy module", err)
+	}
+}
+
+// TestNewIPVSProbe: NewIPVS either works (and can list) or fails with an
+// error naming the ip_vs module, never a handle that silently does nothing.
+func TestNewIPVSProbe(t *testing.T) {
+	requireNetns(t)
+	v, err := linux.NewIPVS(linux.IPVSOptions{})
+	if err != nil {
+		if !strings.Contains(err.Error(), "ip_vs") {
+			t.Fatalf("NewIPVS error does not name the ip_vs module: %v", err)
+		}
+		t.Logf("IPVS unavailable here, as expected on hosts without ip_vs: %v", err)
+		return
+	}
+	defer v.Close()
+	list, err := v.ListVirtualServers()
+	if err != nil {
+		t.Fatalf("list after successful probe: %v", err)
+	}
+	for _, vs := range list {
+		if vs.Key.FWMark == 0x7f5eed01 {
+			t.Errorf("probe virtual server left behind: %+v", vs)
+		}
+	}
+}

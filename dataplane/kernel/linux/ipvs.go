@@ -1,0 +1,375 @@
+package linux
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+
+	"github.com/moby/ipvs"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// IPVSOptions configures NewIPVS.
+type IPVSOptions struct {
+	// ModulesDir is /lib/modules (default) and ProcModules /proc/modules
+	// (default): where Schedulers looks for ip_vs_<scheduler> modules.
+	ModulesDir  string
+	ProcModules string
+	Logger      *zap.Logger
+}
+
+// IPVS drives the kernel's IPVS table through moby/ipvs. moby handles are
+// not goroutine-safe, so every call holds mu.
+type IPVS struct {
+	mu   sync.Mutex
+	h    *ipvs.Handle
+	opts IPVSOptions
+	log  *zap.Logger
+}
+
+var _ kernel.IPVS = (*IPVS)(nil)
+
+// probeMark is the firewall mark of the throw-away virtual server NewIPVS
+// creates to prove IPVS works. A fwmark service only sees packets carrying
+// that mark, so it cannot capture real traffic while it exists.
+const probeMark = 0x7f5eed01
+
+// NewIPVS opens an IPVS handle in the caller's network namespace and
+// verifies IPVS really works: moby/ipvs does not fail when the ip_vs module
+// is missing, so like kube-proxy it adds a dummy virtual server and reads
+// it back.
+func NewIPVS(opts IPVSOptions) (*IPVS, error) {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	h, err := ipvs.New("")
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: open netlink handle (is the ip_vs kernel module available? try `modprobe ip_vs`): %w", err)
+	}
+	v := &IPVS{h: h, opts: opts, log: opts.Logger}
+	if err := v.probe(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return v, nil
+}
+
+func (v *IPVS) probe() error {
+	svc := &ipvs.Service{FWMark: probeMark, AddressFamily: unix.AF_INET, SchedName: "rr", Netmask: 0xffffffff}
+	fail := func(step string, err error) error {
+		return fmt.Errorf("ipvs does not work in this kernel (is the ip_vs kernel module available? try `modprobe ip_vs`): %s: %v: %w", step, err, kernel.ErrUnsupported)
+	}
+	if err := v.h.NewService(svc); err != nil && !errors.Is(err, syscall.EEXIST) {
+		return fail("add probe virtual server", err)
+	}
+	got, err := v.h.GetService(svc)
+	if err != nil {
+		return fail("read back probe virtual server", err)
+	}
+	if got.FWMark != probeMark {
+		return fail("read back probe virtual server", fmt.Errorf("got fwmark %#x", got.FWMark))
+	}
+	if err := v.h.DelService(svc); err != nil {
+		return fail("delete probe virtual server", err)
+	}
+	return nil
+}
+
+// Close releases the netlink socket.
+func (v *IPVS) Close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.h.Close()
+}
+
+// ipvsError maps an IPVS errno to a sentinel. enoent is what ENOENT means
+// for this operation: a missing destination, or an unknown scheduler on
+// service add/update.
+func ipvsError(what string, err error, enoent error) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	s := kernel.ErrnoSentinel(errno)
+	if errno == syscall.ENOENT {
+		s = enoent
+	}
+	if s == nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w (%w)", what, s, errno)
+}
+
+func afOf(f kernel.Family) uint16 {
+	if f == kernel.FamilyIPv6 {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
+
+// netmaskToKernel: IPv4 netmasks travel as the mask in network byte order,
+// read by moby as a native integer; IPv6 ones as a prefix length.
+func netmaskToKernel(f kernel.Family, bitsLen uint8) uint32 {
+	if f == kernel.FamilyIPv6 {
+		return uint32(bitsLen)
+	}
+	mask := net.CIDRMask(int(bitsLen), 32)
+	return binary.NativeEndian.Uint32(mask)
+}
+
+func netmaskFromKernel(f kernel.Family, v uint32) uint8 {
+	if f == kernel.FamilyIPv6 {
+		return uint8(v)
+	}
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return uint8(bits.LeadingZeros32(^binary.BigEndian.Uint32(b[:])))
+}
+
+func toService(k kernel.VirtualServerKey) *ipvs.Service {
+	k = k.Normalize()
+	s := &ipvs.Service{AddressFamily: afOf(k.Family), FWMark: k.FWMark}
+	if k.FWMark == 0 {
+		s.Address = net.IP(k.Address.AsSlice())
+		s.Protocol = uint16(k.Protocol)
+		s.Port = k.Port
+	}
+	return s
+}
+
+func toServiceFull(vs kernel.VirtualServer) *ipvs.Service {
+	vs = vs.Normalize()
+	s := toService(vs.Key)
+	s.SchedName = vs.Scheduler
+	s.Flags = uint32(vs.Flags)
+	s.Timeout = vs.Timeout
+	s.Netmask = netmaskToKernel(vs.Key.Family, vs.Netmask)
+	return s
+}
+
+func fromService(s *ipvs.Service) (kernel.VirtualServer, error) {
+	fam := kernel.FamilyIPv4
+	if s.AddressFamily == unix.AF_INET6 {
+		fam = kernel.FamilyIPv6
+	}
+	var key kernel.VirtualServerKey
+	if s.FWMark != 0 {
+		key = kernel.FWMarkKey(fam, s.FWMark)
+	} else {
+		a, ok := netip.AddrFromSlice(s.Address)
+		if !ok {
+			return kernel.VirtualServer{}, fmt.Errorf("ipvs: kernel returned service with bad address %v", s.Address)
+		}
+		key = kernel.AddrKey(a, kernel.Protocol(s.Protocol), s.Port)
+	}
+	vs := kernel.VirtualServer{
+		Key:       key,
+		Scheduler: s.SchedName,
+		Flags:     kernel.ServiceFlags(s.Flags),
+		Timeout:   s.Timeout,
+		Netmask:   netmaskFromKernel(fam, s.Netmask),
+	}
+	return vs.Normalize(), nil
+}
+
+func toDestination(d kernel.Destination) *ipvs.Destination {
+	a := d.Address.Unmap()
+	return &ipvs.Destination{
+		Address:         net.IP(a.AsSlice()),
+		Port:            d.Port,
+		Weight:          d.Weight,
+		ConnectionFlags: uint32(d.Forward),
+		AddressFamily:   afOf(kernel.FamilyOf(a)),
+	}
+}
+
+func (v *IPVS) ListVirtualServers() ([]kernel.VirtualServer, error) {
+	v.mu.Lock()
+	svcs, err := v.h.GetServices()
+	v.mu.Unlock()
+	if err != nil {
+		return nil, ipvsError("ipvs: list virtual servers", err, kernel.ErrNotFound)
+	}
+	out := make([]kernel.VirtualServer, 0, len(svcs))
+	for _, s := range svcs {
+		vs, err := fromService(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, vs)
+	}
+	slices.SortFunc(out, func(a, b kernel.VirtualServer) int { return a.Key.Compare(b.Key) })
+	return out, nil
+}
+
+func (v *IPVS) GetVirtualServer(key kernel.VirtualServerKey) (kernel.VirtualServer, error) {
+	if err := key.Validate(); err != nil {
+		return kernel.VirtualServer{}, err
+	}
+	v.mu.Lock()
+	s, err := v.h.GetService(toService(key))
+	v.mu.Unlock()
+	if err != nil {
+		return kernel.VirtualServer{}, ipvsError("ipvs: get virtual server "+key.String(), err, kernel.ErrNotFound)
+	}
+	return fromService(s)
+}
+
+func (v *IPVS) AddVirtualServer(vs kernel.VirtualServer) error {
+	if err := vs.Validate(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.h.NewService(toServiceFull(vs)); err != nil {
+		return ipvsError(fmt.Sprintf("ipvs: add virtual server %v (scheduler %s)", vs.Key, vs.Scheduler), err, kernel.ErrUnsupported)
+	}
+	return nil
+}
+
+func (v *IPVS) UpdateVirtualServer(vs kernel.VirtualServer) error {
+	if err := vs.Validate(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.h.UpdateService(toServiceFull(vs)); err != nil {
+		return ipvsError(fmt.Sprintf("ipvs: update virtual server %v (scheduler %s)", vs.Key, vs.Scheduler), err, kernel.ErrUnsupported)
+	}
+	return nil
+}
+
+func (v *IPVS) DeleteVirtualServer(key kernel.VirtualServerKey) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.h.DelService(toService(key)); err != nil {
+		return ipvsError("ipvs: delete virtual server "+key.String(), err, kernel.ErrNotFound)
+	}
+	return nil
+}
+
+func (v *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destination, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	svc := toService(key)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	ds, err := v.h.GetDestinations(svc)
+	if err != nil {
+		return nil, ipvsError("ipvs: list destinations of "+key.String(), err, kernel.ErrNotFound)
+	}
+	if len(ds) == 0 {
+		// The kernel dumps nothing, without error, for a missing server.
+		if _, err := v.h.GetService(svc); err != nil {
+			return nil, ipvsError("ipvs: list destinations of "+key.String(), err, kernel.ErrNotFound)
+		}
+	}
+	out := make([]kernel.Destination, 0, len(ds))
+	for _, d := range ds {
+		a, ok := netip.AddrFromSlice(d.Address)
+		if !ok {
+			return nil, fmt.Errorf("ipvs: kernel returned destination with bad address %v", d.Address)
+		}
+		out = append(out, kernel.Destination{
+			Address:      a.Unmap(),
+			Port:         d.Port,
+			Weight:       d.Weight,
+			Forward:      kernel.ForwardMethod(d.ConnectionFlags & ipvs.ConnFwdMask),
+			ActiveConn:   uint32(d.ActiveConnections),
+			InactiveConn: uint32(d.InactiveConnections),
+		})
+	}
+	slices.SortFunc(out, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+	return out, nil
+}
+
+func (v *IPVS) destCall(op string, key kernel.VirtualServerKey, d kernel.Destination, call func(*ipvs.Service, *ipvs.Destination) error) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if err := d.Validate(key.Normalize().Family); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := call(toService(key), toDestination(d)); err != nil {
+		return ipvsError(fmt.Sprintf("ipvs: %s destination %v of %v", op, d.Key(), key), err, kernel.ErrNotFound)
+	}
+	return nil
+}
+
+func (v *IPVS) AddDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
+	return v.destCall("add", key, d, v.h.NewDestination)
+}
+
+func (v *IPVS) UpdateDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
+	return v.destCall("update", key, d, v.h.UpdateDestination)
+}
+
+func (v *IPVS) DeleteDestination(key kernel.VirtualServerKey, dk kernel.DestinationKey) error {
+	return v.destCall("delete", key, kernel.Destination{Address: dk.Address, Port: dk.Port}, v.h.DelDestination)
+}
+
+func (v *IPVS) SetTimeouts(t kernel.Timeouts) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	// The kernel leaves zero fields unchanged.
+	if err := v.h.SetConfig(&ipvs.Config{TimeoutTCP: t.TCP, TimeoutTCPFin: t.TCPFin, TimeoutUDP: t.UDP}); err != nil {
+		return ipvsError("ipvs: set timeouts", err, kernel.ErrNotFound)
+	}
+	return nil
+}
+
+func (v *IPVS) Timeouts() (kernel.Timeouts, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	c, err := v.h.GetConfig()
+	if err != nil {
+		return kernel.Timeouts{}, ipvsError("ipvs: read timeouts", err, kernel.ErrNotFound)
+	}
+	return kernel.Timeouts{TCP: c.TimeoutTCP, TCPFin: c.TimeoutTCPFin, UDP: c.TimeoutUDP}, nil
+}
+
+// Schedulers reports the ip_vs_<scheduler> modules that are loaded, built
+// in, or installed for the running kernel (installed ones load on first
+// use), like kube-proxy's module checks.
+// When no module information is readable (a container without
+// /lib/modules) or it lists none, each scheduler is tried on a throw-away
+// firewall-mark virtual server instead, which also loads its module.
+func (v *IPVS) Schedulers() ([]string, error) {
+	names, err := AvailableSchedulers(v.opts.ModulesDir, v.opts.ProcModules)
+	if err == nil && len(names) > 0 {
+		return names, nil
+	}
+	v.log.Info("ipvs: no scheduler modules found, probing schedulers", zap.Error(err))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	names = names[:0]
+	for _, sched := range ipvsSchedulers {
+		svc := &ipvs.Service{FWMark: probeMark, AddressFamily: unix.AF_INET, SchedName: sched, Netmask: 0xffffffff}
+		if err := v.h.NewService(svc); err != nil {
+			continue
+		}
+		names = append(names, sched)
+		if err := v.h.DelService(svc); err != nil {
+			return nil, ipvsError("ipvs: delete scheduler probe", err, kernel.ErrNotFound)
+		}
+	}
+	return names, nil
+}

@@ -1,0 +1,267 @@
+package linux
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// Links manages the dummy device and its addresses with rtnetlink.
+type Links struct {
+	mu sync.Mutex
+	h  *netlink.Handle
+}
+
+var _ kernel.Links = (*Links)(nil)
+
+// NewLinks opens an rtnetlink handle in the caller's network namespace.
+func NewLinks() (*Links, error) {
+	h, err := netlink.NewHandle(syscall.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("links: open rtnetlink handle: %w", err)
+	}
+	if err := h.SetSocketTimeout(netlinkTimeout); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("links: socket timeout: %w", err)
+	}
+	return &Links{h: h}, nil
+}
+
+// Close releases the netlink sockets.
+func (l *Links) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.h.Close()
+}
+
+func validDev(name string) error {
+	if name == "" || len(name) > 15 {
+		return fmt.Errorf("device name %q must be 1..15 bytes: %w", name, kernel.ErrInvalid)
+	}
+	return nil
+}
+
+func linkErr(what string, err error) error {
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return fmt.Errorf("%s: %w", what, kernel.ErrNotFound)
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		if s := kernel.ErrnoSentinel(errno); s != nil {
+			return fmt.Errorf("%s: %w (%w)", what, s, errno)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// linkByName returns the link, or nil when it does not exist.
+func (l *Links) linkByName(name string) (netlink.Link, error) {
+	link, err := l.h.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, linkErr("links: find "+name, err)
+	}
+	return link, nil
+}
+
+// retryDump repeats a netlink dump interrupted by a concurrent change.
+func retryDump[T any](f func() (T, error)) (T, error) {
+	var v T
+	var err error
+	for range 5 {
+		v, err = f()
+		if !errors.Is(err, nl.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return v, err
+}
+
+func (l *Links) EnsureDummy(name string) (bool, error) {
+	if err := validDev(name); err != nil {
+		return false, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	link, err := l.linkByName(name)
+	if err != nil {
+		return false, err
+	}
+	if link != nil {
+		if link.Type() != "dummy" {
+			return false, fmt.Errorf("links: device %s exists with type %s: %w", name, link.Type(), kernel.ErrExist)
+		}
+		return false, nil
+	}
+	// Left down, as kube-proxy leaves kube-ipvs0: addresses on it are local
+	// all the same.
+	if err := l.h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
+		if errors.Is(err, syscall.EOPNOTSUPP) {
+			return false, fmt.Errorf("links: create dummy %s (is the dummy kernel module available?): %w (%w)", name, kernel.ErrUnsupported, err)
+		}
+		return false, linkErr("links: create dummy "+name, err)
+	}
+	return true, nil
+}
+
+func (l *Links) DeleteDummy(name string) error {
+	if err := validDev(name); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	link, err := l.linkByName(name)
+	if err != nil || link == nil {
+		return err
+	}
+	if link.Type() != "dummy" {
+		return fmt.Errorf("links: %s has type %s, not dummy: %w", name, link.Type(), kernel.ErrInvalid)
+	}
+	if err := l.h.LinkDel(link); err != nil && !errors.Is(err, syscall.ENODEV) {
+		return linkErr("links: delete "+name, err)
+	}
+	return nil
+}
+
+func hostNet(a netip.Addr) *net.IPNet {
+	a = a.Unmap()
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
+}
+
+func (l *Links) BindAddress(dev string, addr netip.Addr) (bool, error) {
+	if err := validDev(dev); err != nil {
+		return false, err
+	}
+	if !addr.IsValid() {
+		return false, fmt.Errorf("links: bind to %s: invalid address: %w", dev, kernel.ErrInvalid)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	link, err := l.linkByName(dev)
+	if err != nil {
+		return false, err
+	}
+	if link == nil {
+		return false, fmt.Errorf("links: bind %v to %s: %w", addr, dev, kernel.ErrNotFound)
+	}
+	if err := l.h.AddrAdd(link, &netlink.Addr{IPNet: hostNet(addr)}); err != nil {
+		if errors.Is(err, syscall.EEXIST) {
+			return false, nil
+		}
+		return false, linkErr(fmt.Sprintf("links: bind %v to %s", addr, dev), err)
+	}
+	return true, nil
+}
+
+func (l *Links) UnbindAddress(dev string, addr netip.Addr) error {
+	if err := validDev(dev); err != nil {
+		return err
+	}
+	if !addr.IsValid() {
+		return fmt.Errorf("links: unbind from %s: invalid address: %w", dev, kernel.ErrInvalid)
+	}
+	addr = addr.Unmap()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	link, err := l.linkByName(dev)
+	if err != nil || link == nil {
+		return err
+	}
+	// Delete the address with whatever prefix length it has.
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(link, netlink.FAMILY_ALL) })
+	if err != nil {
+		return linkErr("links: list addresses of "+dev, err)
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.Unmap() != addr {
+			continue
+		}
+		err := l.h.AddrDel(link, &a)
+		if err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.ENXIO) && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ENODEV) {
+			return linkErr(fmt.Sprintf("links: unbind %v from %s", addr, dev), err)
+		}
+	}
+	return nil
+}
+
+func (l *Links) BoundAddresses(dev string) ([]netip.Addr, error) {
+	if err := validDev(dev); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	link, err := l.linkByName(dev)
+	if err != nil {
+		return nil, err
+	}
+	if link == nil {
+		return nil, fmt.Errorf("links: addresses of %s: %w", dev, kernel.ErrNotFound)
+	}
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(link, netlink.FAMILY_ALL) })
+	if err != nil {
+		return nil, linkErr("links: list addresses of "+dev, err)
+	}
+	out := []netip.Addr{}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is6() && ip.IsLinkLocalUnicast() {
+			continue
+		}
+		out = append(out, ip)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), nil
+}
+
+func (l *Links) LocalAddresses() ([]kernel.InterfaceAddress, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	links, err := retryDump(l.h.LinkList)
+	if err != nil {
+		return nil, linkErr("links: list links", err)
+	}
+	names := make(map[int]string, len(links))
+	for _, link := range links {
+		names[link.Attrs().Index] = link.Attrs().Name
+	}
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(nil, netlink.FAMILY_ALL) })
+	if err != nil {
+		return nil, linkErr("links: list addresses", err)
+	}
+	out := make([]kernel.InterfaceAddress, 0, len(addrs))
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		out = append(out, kernel.InterfaceAddress{
+			Interface: names[a.LinkIndex],
+			Index:     a.LinkIndex,
+			Prefix:    netip.PrefixFrom(ip.Unmap(), ones),
+		})
+	}
+	slices.SortFunc(out, func(a, b kernel.InterfaceAddress) int {
+		return cmp.Or(cmp.Compare(a.Index, b.Index), a.Prefix.Addr().Compare(b.Prefix.Addr()))
+	})
+	return out, nil
+}
