@@ -1,0 +1,223 @@
+package snapshot
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+func svcRes(t *testing.T, name, addr string) *vsplanev1.Resource {
+	t.Helper()
+	r, err := NewServiceResource(&vsplanev1.ServiceState{Namespace: "ns", Name: name,
+		VirtualServers: []*vsplanev1.VirtualServer{{Address: addr, Port: 80, Protocol: vsplanev1.Protocol_PROTOCOL_TCP}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func names(rs []*vsplanev1.Resource) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+func TestVersionIsContentHash(t *testing.T) {
+	a, b := svcRes(t, "a", "198.18.0.1"), svcRes(t, "a", "198.18.0.1")
+	if a.Version != b.Version || a.Version == "" {
+		t.Fatalf("equal content, versions %q %q", a.Version, b.Version)
+	}
+	if c := svcRes(t, "a", "198.18.0.2"); c.Version == a.Version {
+		t.Fatalf("different content, same version %q", c.Version)
+	}
+	if a.Name != "service/ns/a" {
+		t.Fatalf("name %q", a.Name)
+	}
+}
+
+func TestIdenticalContentIsShared(t *testing.T) {
+	s := NewStore()
+	var b Batch
+	b.AddNode("n1")
+	b.AddNode("n2")
+	// Separately built but equal values: the store keeps the first one.
+	r1, r2 := svcRes(t, "a", "198.18.0.1"), svcRes(t, "a", "198.18.0.1")
+	b.Set("n1", r1, time.Time{})
+	b.Set("n2", r2, time.Time{})
+	s.Commit(&b)
+	g1, _ := s.Get("n1", "service/ns/a")
+	g2, _ := s.Get("n2", "service/ns/a")
+	if g1 != g2 || g1 != r1 {
+		t.Fatalf("not shared: %p %p (first %p)", g1, g2, r1)
+	}
+	if st := s.Stats(); st != (Stats{Nodes: 2, Slots: 2, Distinct: 1}) {
+		t.Fatalf("stats %+v", st)
+	}
+	_, v1, _ := s.List("n1")
+	_, v2, _ := s.List("n2")
+	if v1 != v2 {
+		t.Fatalf("same content, system versions %s %s", v1, v2)
+	}
+
+	// Node 1 moves on: two distinct values now.
+	b = Batch{}
+	b.Set("n1", svcRes(t, "a", "198.18.0.9"), time.Time{})
+	s.Commit(&b)
+	if st := s.Stats(); st.Distinct != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Removing node 2 frees the old value.
+	b = Batch{}
+	b.RemoveNode("n2")
+	s.Commit(&b)
+	if st := s.Stats(); st != (Stats{Nodes: 1, Slots: 1, Distinct: 1}) {
+		t.Fatalf("stats after remove %+v", st)
+	}
+	if _, _, ok := s.List("n2"); ok {
+		t.Fatal("removed node still listed")
+	}
+	// Deleting the last holder frees the last entry.
+	b = Batch{}
+	b.Delete("n1", "service/ns/a")
+	s.Commit(&b)
+	if st := s.Stats(); st != (Stats{Nodes: 1, Slots: 0, Distinct: 0}) {
+		t.Fatalf("stats after delete %+v", st)
+	}
+	if len(s.intern) != 0 {
+		t.Fatalf("intern table not empty: %d", len(s.intern))
+	}
+}
+
+func TestListGetTriggerAndSystemVersion(t *testing.T) {
+	s := NewStore()
+	if _, _, ok := s.List("n1"); ok {
+		t.Fatal("unknown node listed")
+	}
+	var b Batch
+	b.AddNode("n1")
+	s.Commit(&b)
+	rs, empty, ok := s.List("n1")
+	if !ok || len(rs) != 0 {
+		t.Fatalf("known empty node: %v %v", rs, ok)
+	}
+	t1 := time.Unix(100, 5)
+	b = Batch{}
+	b.Set("n1", svcRes(t, "b", "198.18.0.2"), t1)
+	b.Set("n1", svcRes(t, "a", "198.18.0.1"), t1)
+	s.Commit(&b)
+	rs, v1, _ := s.List("n1")
+	if diff := cmp.Diff([]string{"service/ns/a", "service/ns/b"}, names(rs)); diff != "" {
+		t.Fatalf("List names (-want +got):\n%s", diff)
+	}
+	if v1 == empty {
+		t.Fatal("system version did not change")
+	}
+	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(t1) {
+		t.Fatalf("trigger %v, want %v", got, t1)
+	}
+	// Re-setting equal content changes nothing, not even the trigger time.
+	b = Batch{}
+	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Unix(200, 0))
+	if st := s.Commit(&b); st.Changed != 0 {
+		t.Fatalf("no-op set changed %d", st.Changed)
+	}
+	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(t1) {
+		t.Fatalf("trigger moved to %v on a no-op", got)
+	}
+	// Change then change back: the system version returns to its old value
+	// (it depends on content only).
+	b = Batch{}
+	b.Set("n1", svcRes(t, "a", "198.18.0.7"), time.Unix(300, 0))
+	s.Commit(&b)
+	_, v2, _ := s.List("n1")
+	if v2 == v1 {
+		t.Fatal("system version unchanged after a change")
+	}
+	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(time.Unix(300, 0)) {
+		t.Fatalf("trigger %v", got)
+	}
+	b = Batch{}
+	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Unix(400, 0))
+	s.Commit(&b)
+	if _, v3, _ := s.List("n1"); v3 != v1 {
+		t.Fatalf("system version %s, want %s", v3, v1)
+	}
+	if _, ok := s.Get("n1", "service/ns/zzz"); ok {
+		t.Fatal("Get of absent name")
+	}
+	if !s.TriggerTime("n9", "x").IsZero() {
+		t.Fatal("trigger of unknown node")
+	}
+	// Set on an unknown node is ignored.
+	b = Batch{}
+	b.Set("n9", svcRes(t, "a", "198.18.0.1"), time.Time{})
+	if st := s.Commit(&b); st.Changed != 0 {
+		t.Fatalf("set on unknown node changed %d", st.Changed)
+	}
+}
+
+func TestSubscription(t *testing.T) {
+	s := NewStore()
+	sub := s.Subscribe("n1") // before the node exists
+	defer sub.Close()
+	other := s.Subscribe("n2")
+	var b Batch
+	b.AddNode("n1")
+	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Time{})
+	b.Set("n1", svcRes(t, "b", "198.18.0.2"), time.Time{})
+	s.Commit(&b)
+	select {
+	case <-sub.C():
+	default:
+		t.Fatal("no signal")
+	}
+	if diff := cmp.Diff([]string{"service/ns/a", "service/ns/b"}, sub.Drain()); diff != "" {
+		t.Fatalf("drain (-want +got):\n%s", diff)
+	}
+	if got := sub.Drain(); got != nil {
+		t.Fatalf("second drain %v", got)
+	}
+	if got := other.Drain(); got != nil {
+		t.Fatalf("other node's subscriber saw %v", got)
+	}
+	// Two commits coalesce into one signal and one drain.
+	b = Batch{}
+	b.Delete("n1", "service/ns/a")
+	s.Commit(&b)
+	b = Batch{}
+	b.Set("n1", svcRes(t, "c", "198.18.0.3"), time.Time{})
+	s.Commit(&b)
+	<-sub.C()
+	select {
+	case <-sub.C():
+		t.Fatal("signal not coalesced")
+	default:
+	}
+	if diff := cmp.Diff([]string{"service/ns/a", "service/ns/c"}, sub.Drain()); diff != "" {
+		t.Fatalf("drain (-want +got):\n%s", diff)
+	}
+	// Removing the node reports every name.
+	b = Batch{}
+	b.RemoveNode("n1")
+	s.Commit(&b)
+	if diff := cmp.Diff([]string{"service/ns/b", "service/ns/c"}, sub.Drain()); diff != "" {
+		t.Fatalf("drain after remove (-want +got):\n%s", diff)
+	}
+	// Closed subscriptions record nothing.
+	other.Close()
+	b = Batch{}
+	b.AddNode("n2")
+	b.Set("n2", svcRes(t, "a", "198.18.0.1"), time.Time{})
+	s.Commit(&b)
+	if got := other.Drain(); got != nil {
+		t.Fatalf("closed subscription drained %v", got)
+	}
+	if len(s.subs["n2"]) != 0 {
+		t.Fatal("closed subscription still registered")
+	}
+}

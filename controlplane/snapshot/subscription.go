@@ -1,0 +1,82 @@
+package snapshot
+
+import (
+	"slices"
+	"sync"
+)
+
+// Subscription reports which resource names of one node changed. It has the
+// method set of stream.Subscription.
+type Subscription interface {
+	// C receives a value (coalesced, buffered 1) whenever names were added to the pending set.
+	C() <-chan struct{}
+	// Drain returns (sorted) and clears the names changed since the last Drain. Never blocks.
+	Drain() []string
+	// Close stops the subscription; further changes are not recorded.
+	Close()
+}
+
+type subscription struct {
+	store   *Store
+	node    string
+	c       chan struct{}
+	mu      sync.Mutex
+	pending map[string]struct{}
+}
+
+// Subscribe registers interest in node's changes, including nodes the store
+// does not know yet. Subscribe before List so no change is missed.
+func (s *Store) Subscribe(node string) Subscription {
+	sub := &subscription{store: s, node: node, c: make(chan struct{}, 1), pending: map[string]struct{}{}}
+	s.mu.Lock()
+	m := s.subs[node]
+	if m == nil {
+		m = map[*subscription]struct{}{}
+		s.subs[node] = m
+	}
+	m[sub] = struct{}{}
+	s.mu.Unlock()
+	return sub
+}
+
+// add is called with the store lock held.
+func (sub *subscription) add(names []string) {
+	sub.mu.Lock()
+	for _, n := range names {
+		sub.pending[n] = struct{}{}
+	}
+	sub.mu.Unlock()
+	select {
+	case sub.c <- struct{}{}:
+	default:
+	}
+}
+
+func (sub *subscription) C() <-chan struct{} { return sub.c }
+
+func (sub *subscription) Drain() []string {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if len(sub.pending) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(sub.pending))
+	for n := range sub.pending {
+		out = append(out, n)
+	}
+	clear(sub.pending)
+	slices.Sort(out)
+	return out
+}
+
+func (sub *subscription) Close() {
+	s := sub.store
+	s.mu.Lock()
+	if m := s.subs[sub.node]; m != nil {
+		delete(m, sub)
+		if len(m) == 0 {
+			delete(s.subs, sub.node)
+		}
+	}
+	s.mu.Unlock()
+}
