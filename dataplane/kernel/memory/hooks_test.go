@@ -1,0 +1,94 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+)
+
+func TestFaultAndCalls(t *testing.T) {
+	m := memory.New()
+	k := m.Kernel()
+	boom := errors.New("boom")
+	m.SetFault(func(op string) error {
+		if op == "ipvs.AddVirtualServer" {
+			return boom
+		}
+		return nil
+	})
+	vs := kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("198.18.0.1"), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+	if err := k.IPVS.AddVirtualServer(vs); !errors.Is(err, boom) {
+		t.Fatalf("fault not returned: %v", err)
+	}
+	if list, _ := k.IPVS.ListVirtualServers(); len(list) != 0 {
+		t.Fatalf("faulted add changed state: %+v", list)
+	}
+	m.SetFault(nil)
+	if err := k.IPVS.AddVirtualServer(vs); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.IPTables.Restore(context.Background(), kernel.FamilyIPv4, []byte("*nat\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	calls := m.Calls()
+	if calls["ipvs.AddVirtualServer"] != 2 || calls["iptables.Restore"] != 1 {
+		t.Errorf("calls: %v", calls)
+	}
+	m.ResetCalls()
+	if len(m.Calls()) != 0 {
+		t.Errorf("ResetCalls left %v", m.Calls())
+	}
+}
+
+func TestSetConnections(t *testing.T) {
+	m := memory.New()
+	k := m.Kernel()
+	key := kernel.AddrKey(netip.MustParseAddr("198.18.0.1"), kernel.ProtocolTCP, 80)
+	d := kernel.Destination{Address: netip.MustParseAddr("198.19.1.5"), Port: 8080, Weight: 1}
+	if err := k.IPVS.AddVirtualServer(kernel.VirtualServer{Key: key, Scheduler: "rr"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.IPVS.AddDestination(key, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetConnections(key, d.Key(), 3, 4); err != nil {
+		t.Fatal(err)
+	}
+	d.Weight = 0
+	if err := k.IPVS.UpdateDestination(key, d); err != nil {
+		t.Fatal(err)
+	}
+	ds, _ := k.IPVS.ListDestinations(key)
+	if len(ds) != 1 || ds[0].ActiveConn != 3 || ds[0].InactiveConn != 4 || ds[0].Weight != 0 {
+		t.Errorf("destinations: %+v (want counters kept across a weight update)", ds)
+	}
+	if err := m.SetConnections(key, kernel.DestinationKey{Address: d.Address, Port: 1}, 1, 1); !errors.Is(err, kernel.ErrNotFound) {
+		t.Errorf("missing destination: %v", err)
+	}
+}
+
+func TestLocalAddressesAndSysctlHooks(t *testing.T) {
+	m := memory.New()
+	k := m.Kernel()
+	m.AddInterface("eth0", "veth", netip.MustParsePrefix("198.19.0.11/24"))
+	local, _ := k.Links.LocalAddresses()
+	if len(local) != 1 || local[0].Interface != "eth0" || local[0].Prefix != netip.MustParsePrefix("198.19.0.11/24") {
+		t.Errorf("local: %+v", local)
+	}
+	m.SetKernelRelease("5.4.0-42-generic")
+	if v, _ := k.Sysctl.KernelVersion(); v.AtLeast(5, 9) {
+		t.Errorf("version %v", v)
+	}
+	m.DeleteSysctl(kernel.SysctlVSConntrack)
+	if _, err := k.Sysctl.Get(kernel.SysctlVSConntrack); !errors.Is(err, kernel.ErrNotFound) {
+		t.Errorf("deleted sysctl: %v", err)
+	}
+	m.SetSchedulers([]string{"rr"})
+	if s, _ := k.IPVS.Schedulers(); len(s) != 1 {
+		t.Errorf("schedulers %v", s)
+	}
+}
