@@ -1,0 +1,479 @@
+// Package reconcile is the agent's reconciler: it holds the node's desired
+// state (the resources received from the control plane) and makes the
+// kernel match it, like kube-proxy's IPVS proxier but incrementally.
+//
+//	Delta ──Apply──▶ store (resources + indexes) ──touched items──▶ kernel
+//	                                     ▲                          │
+//	                       Run: every period / retry backoff ───────┘ full compare
+//
+// Contract:
+//   - Fail-static: New and Run do nothing to the kernel until the first
+//     Apply. Nothing is ever flushed; items already right are not written.
+//   - Apply applies only the items (virtual servers, destinations, bound
+//     addresses, ipset entries) the changed resources touch, then
+//     re-renders iptables and restores once per family if it changed. The
+//     first Apply instead compares everything with the kernel and removes
+//     what the agent owns but nobody wants (deleted while it was down).
+//   - Ownership: a virtual server is the agent's when a resource wants it,
+//     when it was programmed by this process, or (after the first Apply)
+//     when its address is bound to kube-ipvs0. Virtual servers and bound
+//     addresses inside excludeCIDRs are never deleted. The kube-proxy sets
+//     (KUBE-*, KUBE-6-*) are entirely the agent's.
+//   - A failing item fails the resources that own or touched it (NACK with
+//     the kernel's message); every other item is still applied. Failed
+//     resources are retried by Run with exponential backoff.
+//   - Apply, Versions, Reconcile and Stats are safe for concurrent use.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/vsplane/vsplane/dataplane/client"
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// Config configures a Reconciler.
+type Config struct {
+	// Period of the full reconcile (default 30s); a non-zero
+	// NodeSettings.reconcile_period_seconds overrides it.
+	Period time.Duration
+	// RetryBase and RetryMax bound the retry backoff of failed resources
+	// (defaults 1s and Period).
+	RetryBase, RetryMax time.Duration
+	// Families managed by the agent (default IPv4 only).
+	Families []kernel.Family
+	// Now is the clock (default time.Now); tests may replace it.
+	Now func() time.Time
+}
+
+// Stats are counters for metrics and AgentStatus.
+type Stats struct {
+	FullReconciles    uint64
+	LastFullReconcile time.Time
+	// DriftRepaired counts kernel writes made by full reconciles (drift
+	// repairs and retries), RepairsByKind splits them by operation kind.
+	DriftRepaired uint64
+	RepairsByKind map[string]uint64
+	// FailedResources is the number of resources currently failed.
+	FailedResources int
+	// KernelErrors are the errors of the last pass no resource owns.
+	KernelErrors []string
+}
+
+type failure struct {
+	version   string
+	messages  []string
+	retryable bool
+}
+
+// Reconciler implements client.Applier.
+type Reconciler struct {
+	k        kernel.Kernel
+	cfg      Config
+	log      *zap.Logger
+	families familySet
+
+	mu         sync.Mutex
+	store      *store
+	synced     bool // the first delta (full desired state) arrived
+	applied    map[string]string
+	failed     map[string]failure
+	programmed map[kernel.VirtualServerKey]struct{}
+	lastRules  map[kernel.Family][]byte
+	globalErrs []string
+	retryN     int
+	retryAt    time.Time
+	lastFull   time.Time
+	stats      Stats
+
+	wake chan struct{}
+}
+
+var _ client.Applier = (*Reconciler)(nil)
+
+// New returns a Reconciler over k. It does not touch the kernel.
+func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
+	if k.IPVS == nil || k.IPSets == nil || k.Links == nil || k.IPTables == nil || k.Sysctl == nil {
+		return nil, errors.New("reconcile: every kernel subsystem is required")
+	}
+	if cfg.Period < 0 || cfg.RetryBase < 0 || cfg.RetryMax < 0 {
+		return nil, errors.New("reconcile: negative durations")
+	}
+	if cfg.Period == 0 {
+		cfg.Period = 30 * time.Second
+	}
+	if cfg.RetryBase == 0 {
+		cfg.RetryBase = time.Second
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = cfg.Period
+	}
+	if cfg.RetryMax < cfg.RetryBase {
+		return nil, fmt.Errorf("reconcile: RetryMax %v < RetryBase %v", cfg.RetryMax, cfg.RetryBase)
+	}
+	if len(cfg.Families) == 0 {
+		cfg.Families = []kernel.Family{kernel.FamilyIPv4}
+	}
+	for _, f := range cfg.Families {
+		if !f.Valid() {
+			return nil, fmt.Errorf("reconcile: bad family %v", f)
+		}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Reconciler{
+		k: k, cfg: cfg, log: log.Named("reconcile"), families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
+		store: newStore(), applied: map[string]string{}, failed: map[string]failure{},
+		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
+		stats: Stats{RepairsByKind: map[string]uint64{}}, wake: make(chan struct{}, 1),
+	}, nil
+}
+
+// Apply implements client.Applier.
+func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplanev1.Ack {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	start := time.Now()
+	t := newTouched()
+	var changed []string
+	prevSettings := r.store.settings()
+
+	inDelta := map[string]bool{}
+	var badNames []*vsplanev1.ResourceError
+	for _, res := range delta.GetResources() {
+		name := res.GetName()
+		if name == "" {
+			badNames = append(badNames, &vsplanev1.ResourceError{Version: res.GetVersion(), Message: "resource without a name"})
+			continue
+		}
+		rs := compile(res, r.families)
+		old := r.store.put(name, rs)
+		t.add(name, old)
+		t.add(name, rs)
+		inDelta[name] = true
+		changed = appendOnce(changed, name)
+	}
+	removed := slices.Clone(delta.GetRemoved())
+	if delta.GetReplaceAll() {
+		for name := range r.store.res {
+			if !inDelta[name] {
+				removed = append(removed, name)
+			}
+		}
+	}
+	for _, name := range removed {
+		old := r.store.put(name, nil)
+		delete(r.applied, name)
+		delete(r.failed, name)
+		if old != nil {
+			t.add(name, old)
+			changed = appendOnce(changed, name)
+		}
+	}
+
+	p := r.newPass(ctx)
+	first := !r.synced
+	r.synced = true
+	if first {
+		r.lastFull = r.cfg.Now() // the first Apply compares everything
+	}
+	settingsChanged := !settingsEqual(prevSettings, p.s)
+	if first || slices.Contains(changed, SettingsResource) {
+		p.syncSettings()
+	}
+	if first {
+		r.fullPass(p)
+	} else {
+		if prevSettings.defaultScheduler != p.s.defaultScheduler {
+			for key := range r.store.vsOwners {
+				if _, ok := t.vss[key]; !ok {
+					t.vss[key] = nil
+				}
+			}
+		}
+		if settingsChanged && !slices.Equal(prevSettings.excludeCIDRs, p.s.excludeCIDRs) {
+			// Items kept only because they were excluded may now go.
+			r.fullPass(p)
+		} else {
+			r.touchedPass(p, t)
+		}
+	}
+	// iptables depend on every resource at once: blame the changed ones.
+	p.syncIPTables(first, changed)
+
+	evaluate := changed
+	if first {
+		evaluate = slices.Collect(maps.Keys(r.store.res))
+	}
+	for name := range p.errs {
+		evaluate = appendOnce(evaluate, name)
+	}
+	r.settle(p, evaluate)
+
+	ack := &vsplanev1.Ack{
+		Nonce:            delta.GetNonce(),
+		Status:           vsplanev1.AckStatus_ACK_STATUS_ACK,
+		ApplyDuration:    durationpb.New(time.Since(start)),
+		KernelOperations: p.ops,
+		Errors:           badNames,
+	}
+	slices.Sort(evaluate)
+	for _, name := range evaluate {
+		if f, ok := r.failed[name]; ok {
+			ack.Errors = append(ack.Errors, &vsplanev1.ResourceError{Name: name, Version: f.version, Message: strings.Join(f.messages, "; ")})
+		}
+	}
+	if len(ack.Errors) > 0 {
+		ack.Status = vsplanev1.AckStatus_ACK_STATUS_NACK
+	}
+	r.log.Debug("applied delta", zap.String("nonce", delta.GetNonce()), zap.Int("changed", len(changed)),
+		zap.Int("errors", len(ack.Errors)), zap.Any("ops", p.ops))
+	return ack
+}
+
+func settingsEqual(a, b settings) bool {
+	return a.defaultScheduler == b.defaultScheduler && a.timeouts == b.timeouts && a.strictARP == b.strictARP &&
+		a.masqueradeAll == b.masqueradeAll && a.masqueradeBit == b.masqueradeBit &&
+		slices.Equal(a.clusterCIDRs, b.clusterCIDRs) && slices.Equal(a.excludeCIDRs, b.excludeCIDRs) &&
+		a.reconcilePeriod == b.reconcilePeriod
+}
+
+// touchedPass applies only the touched items.
+func (r *Reconciler) touchedPass(p *pass, t *touched) {
+	p.ensureSets()
+	for _, key := range sortedKeys(t.vss, kernel.VirtualServerKey.Compare) {
+		p.syncVS(key, t.vss[key])
+	}
+	for _, a := range sortedKeys(t.addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
+		p.syncAddr(a, t.addrs[a])
+	}
+	for _, e := range sortedKeys(t.entries, compareEntryKeys) {
+		p.syncEntry(e, t.entries[e])
+	}
+}
+
+// fullPass compares everything the agent owns with the kernel.
+func (r *Reconciler) fullPass(p *pass) {
+	p.ensureSets()
+	if err := p.loadBound(); err != nil {
+		p.fail(nil, "list addresses of "+kernel.DummyDevice, err)
+	}
+	keys := map[kernel.VirtualServerKey][]string{}
+	for key := range r.store.vsOwners {
+		keys[key] = nil
+	}
+	for key := range r.programmed {
+		keys[key] = nil
+	}
+	list, err := r.k.IPVS.ListVirtualServers()
+	if err != nil {
+		p.fail(nil, "list ipvs services", err)
+	}
+	for _, vs := range list {
+		if vs.Key.FWMark == 0 && p.bound[vs.Key.Address] && !p.excluded(vs.Key.Address) {
+			keys[vs.Key] = nil
+		}
+	}
+	for _, key := range sortedKeys(keys, kernel.VirtualServerKey.Compare) {
+		p.syncVS(key, nil)
+	}
+	addrs := map[netipAddr][]string{}
+	for a := range r.store.addrVS {
+		addrs[a] = nil
+	}
+	for a := range p.bound {
+		addrs[a] = nil
+	}
+	for _, a := range sortedKeys(addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
+		p.syncAddr(a, nil)
+	}
+	entries := map[entryKey][]string{}
+	for ek := range r.store.entryRefs {
+		entries[ek] = nil
+	}
+	for _, ref := range r.managedSets() {
+		have, err := p.loadEntries(ref)
+		if err != nil {
+			p.fail(p.setUsers(ref), "list ipset "+ref.name(), err)
+			continue
+		}
+		for e := range have {
+			entries[entryKey{set: ref, entry: e}] = nil
+		}
+	}
+	for _, ek := range sortedKeys(entries, compareEntryKeys) {
+		p.syncEntry(ek, nil)
+	}
+}
+
+// settle records the outcome of each evaluated resource and schedules a
+// retry when something retryable failed.
+func (r *Reconciler) settle(p *pass, evaluate []string) {
+	for _, name := range evaluate {
+		rs, ok := r.store.res[name]
+		if !ok {
+			continue
+		}
+		msgs := append(slices.Clone(rs.problems), p.errs[name]...)
+		if len(msgs) == 0 {
+			r.applied[name] = rs.version
+			delete(r.failed, name)
+			continue
+		}
+		delete(r.applied, name)
+		r.failed[name] = failure{version: rs.version, messages: msgs, retryable: len(p.errs[name]) > 0}
+	}
+	r.globalErrs = p.global
+	retry := len(r.globalErrs) > 0
+	for _, f := range r.failed {
+		retry = retry || f.retryable
+	}
+	if !retry {
+		r.retryN, r.retryAt = 0, time.Time{}
+		return
+	}
+	d := r.cfg.RetryBase << min(r.retryN, 20)
+	if d > r.cfg.RetryMax || d <= 0 {
+		d = r.cfg.RetryMax
+	}
+	r.retryN++
+	r.retryAt = r.cfg.Now().Add(d)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Versions implements client.Applier: the resources applied successfully.
+func (r *Reconciler) Versions() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.applied)
+}
+
+// Failed returns name -> error message of the resources currently failed.
+func (r *Reconciler) Failed() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]string, len(r.failed))
+	for name, f := range r.failed {
+		out[name] = strings.Join(f.messages, "; ")
+	}
+	return out
+}
+
+// Reconcile compares all desired state with the kernel now, repairs what
+// differs and retries failed resources. Before the first Apply it does
+// nothing (fail-static).
+func (r *Reconciler) Reconcile(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.synced {
+		return
+	}
+	p := r.newPass(ctx)
+	p.syncSettings()
+	r.fullPass(p)
+	p.syncIPTables(true, nil)
+	r.settle(p, slices.Collect(maps.Keys(r.store.res)))
+	now := r.cfg.Now()
+	r.lastFull = now
+	r.stats.FullReconciles++
+	r.stats.LastFullReconcile = now
+	for op, n := range p.ops {
+		r.stats.DriftRepaired += uint64(n)
+		r.stats.RepairsByKind[op] += uint64(n)
+	}
+	if total := len(p.ops); total > 0 {
+		r.log.Info("full reconcile repaired drift", zap.Any("ops", p.ops))
+	}
+}
+
+// Stats returns a copy of the counters.
+func (r *Reconciler) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.stats
+	s.RepairsByKind = maps.Clone(r.stats.RepairsByKind)
+	s.FailedResources = len(r.failed)
+	s.KernelErrors = slices.Clone(r.globalErrs)
+	return s
+}
+
+// Status renders Stats as an AgentStatus (drain state comes later).
+func (r *Reconciler) Status() *vsplanev1.AgentStatus {
+	s := r.Stats()
+	st := &vsplanev1.AgentStatus{DriftRepaired: uint32(min(s.DriftRepaired, 1<<32-1)), KernelErrors: s.KernelErrors}
+	if !s.LastFullReconcile.IsZero() {
+		st.LastFullReconcile = timestamppb.New(s.LastFullReconcile)
+	}
+	return st
+}
+
+// period is the effective full-reconcile period.
+func (r *Reconciler) period() time.Duration {
+	if p := r.store.settings().reconcilePeriod; p > 0 {
+		return secs(p)
+	}
+	return r.cfg.Period
+}
+
+// nextWake returns how long Run should sleep.
+func (r *Reconciler) nextWake() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.cfg.Now()
+	if !r.synced {
+		return r.period()
+	}
+	next := r.lastFull.Add(r.period())
+	if !r.retryAt.IsZero() && r.retryAt.Before(next) {
+		next = r.retryAt
+	}
+	return max(next.Sub(now), 0)
+}
+
+// Run runs the periodic full reconcile (and retries) until ctx ends.
+func (r *Reconciler) Run(ctx context.Context) error {
+	for {
+		timer := time.NewTimer(r.nextWake())
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-r.wake:
+			timer.Stop()
+			continue
+		case <-timer.C:
+		}
+		if r.due() {
+			r.Reconcile(ctx)
+		}
+	}
+}
+
+// Start runs Run in a goroutine.
+func (r *Reconciler) Start(ctx context.Context) { go func() { _ = r.Run(ctx) }() }
+
+func (r *Reconciler) due() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.cfg.Now()
+	return r.synced && (!now.Before(r.lastFull.Add(r.period())) || (!r.retryAt.IsZero() && !now.Before(r.retryAt)))
+}

@@ -1,0 +1,186 @@
+package reconcile
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// familySet is the address families the agent manages.
+type familySet []kernel.Family
+
+func (f familySet) has(x kernel.Family) bool { return slices.Contains(f, x) }
+
+// store holds every desired resource plus the indexes that turn "which
+// resources want X" into O(1) lookups: a virtual server, an address or an
+// ipset entry is wanted while at least one resource wants it.
+type store struct {
+	res       map[string]*resourceState
+	vsOwners  map[kernel.VirtualServerKey][]string // sorted resource names
+	addrVS    map[netip.Addr]map[kernel.VirtualServerKey]int
+	entryRefs map[entryKey][]string
+	setRefs   map[setRef]int // entries per set (for "non-empty")
+}
+
+func newStore() *store {
+	return &store{
+		res:       map[string]*resourceState{},
+		vsOwners:  map[kernel.VirtualServerKey][]string{},
+		addrVS:    map[netip.Addr]map[kernel.VirtualServerKey]int{},
+		entryRefs: map[entryKey][]string{},
+		setRefs:   map[setRef]int{},
+	}
+}
+
+// put replaces (or, with rs nil, removes) the resource name and returns the
+// previous state.
+func (s *store) put(name string, rs *resourceState) *resourceState {
+	old := s.res[name]
+	if old != nil {
+		s.unindex(old)
+		delete(s.res, name)
+	}
+	if rs != nil {
+		s.res[name] = rs
+		s.index(rs)
+	}
+	return old
+}
+
+func (s *store) index(rs *resourceState) {
+	for key := range rs.vss {
+		owners := s.vsOwners[key]
+		i, _ := slices.BinarySearch(owners, rs.name)
+		s.vsOwners[key] = slices.Insert(owners, i, rs.name)
+		m := s.addrVS[key.Address]
+		if m == nil {
+			m = map[kernel.VirtualServerKey]int{}
+			s.addrVS[key.Address] = m
+		}
+		m[key]++
+	}
+	for _, e := range rs.entries {
+		s.entryRefs[e] = append(s.entryRefs[e], rs.name)
+		s.setRefs[e.set]++
+	}
+}
+
+func (s *store) unindex(rs *resourceState) {
+	for key := range rs.vss {
+		owners := slices.DeleteFunc(s.vsOwners[key], func(n string) bool { return n == rs.name })
+		if len(owners) == 0 {
+			delete(s.vsOwners, key)
+		} else {
+			s.vsOwners[key] = owners
+		}
+		if m := s.addrVS[key.Address]; m != nil {
+			if m[key]--; m[key] <= 0 {
+				delete(m, key)
+			}
+			if len(m) == 0 {
+				delete(s.addrVS, key.Address)
+			}
+		}
+	}
+	for _, e := range rs.entries {
+		owners := slices.DeleteFunc(s.entryRefs[e], func(n string) bool { return n == rs.name })
+		if len(owners) == 0 {
+			delete(s.entryRefs, e)
+		} else {
+			s.entryRefs[e] = owners
+		}
+		if s.setRefs[e.set]--; s.setRefs[e.set] <= 0 {
+			delete(s.setRefs, e.set)
+		}
+	}
+}
+
+// wantVS returns the desired virtual server for key. When several
+// resources want the same key the first by name wins (deterministic).
+func (s *store) wantVS(key kernel.VirtualServerKey) (desiredVS, bool) {
+	owners := s.vsOwners[key]
+	if len(owners) == 0 {
+		return desiredVS{}, false
+	}
+	return s.res[owners[0]].vss[key], true
+}
+
+// bindings reports which bindings the virtual servers on addr ask for.
+func (s *store) bindings(addr netip.Addr) (always, unlessLocal bool) {
+	for key := range s.addrVS[addr] {
+		d, _ := s.wantVS(key)
+		switch d.binding {
+		case vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS:
+			always = true
+		case vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL:
+			unlessLocal = true
+		}
+	}
+	return always, unlessLocal
+}
+
+// settings returns the effective node settings.
+func (s *store) settings() settings {
+	if rs := s.res[SettingsResource]; rs != nil && rs.settings != nil {
+		return *rs.settings
+	}
+	return defaultSettings()
+}
+
+// touched collects what a change may affect, and which changed resources
+// touched each item (errors on an item are reported against them).
+type touched struct {
+	vss     map[kernel.VirtualServerKey][]string
+	addrs   map[netip.Addr][]string
+	entries map[entryKey][]string
+}
+
+func newTouched() *touched {
+	return &touched{
+		vss:     map[kernel.VirtualServerKey][]string{},
+		addrs:   map[netip.Addr][]string{},
+		entries: map[entryKey][]string{},
+	}
+}
+
+// add records every item of rs (nil is fine) as touched by name.
+func (t *touched) add(name string, rs *resourceState) {
+	if rs == nil {
+		return
+	}
+	for key := range rs.vss {
+		t.vss[key] = appendOnce(t.vss[key], name)
+		t.addrs[key.Address] = appendOnce(t.addrs[key.Address], name)
+	}
+	for _, e := range rs.entries {
+		t.entries[e] = appendOnce(t.entries[e], name)
+	}
+}
+
+func appendOnce(list []string, name string) []string {
+	if slices.Contains(list, name) {
+		return list
+	}
+	return append(list, name)
+}
+
+type netipAddr = netip.Addr
+
+func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, cmp)
+	return out
+}
+
+func compareEntryKeys(a, b entryKey) int {
+	if c := strings.Compare(a.set.name(), b.set.name()); c != 0 {
+		return c
+	}
+	return strings.Compare(a.entry.Format(a.set.set.Type()), b.entry.Format(b.set.set.Type()))
+}

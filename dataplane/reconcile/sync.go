@@ -1,0 +1,550 @@
+package reconcile
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/rules"
+)
+
+// Kernel operation kinds reported in Ack.kernel_operations and Stats.
+const (
+	OpAddService        = "ipvs_add_service"
+	OpUpdateService     = "ipvs_update_service"
+	OpDeleteService     = "ipvs_delete_service"
+	OpAddDestination    = "ipvs_add_destination"
+	OpUpdateDestination = "ipvs_update_destination"
+	OpDeleteDestination = "ipvs_delete_destination"
+	OpSetTimeouts       = "ipvs_set_timeouts"
+	OpCreateDummy       = "dummy_create"
+	OpBind              = "addr_bind"
+	OpUnbind            = "addr_unbind"
+	OpCreateSet         = "ipset_create"
+	OpAddEntry          = "ipset_add"
+	OpDelEntry          = "ipset_del"
+	OpRestore           = "iptables_restore"
+	OpSysctl            = "sysctl_set"
+)
+
+const sysctlConntrackTCPLiberal = "net/netfilter/nf_conntrack_tcp_be_liberal"
+
+// pass is one application of desired state to the kernel: it caches what
+// it read, counts the writes it made and collects errors per resource.
+type pass struct {
+	r    *Reconciler
+	ctx  context.Context
+	s    settings
+	ops  map[string]uint32
+	errs map[string][]string // resource name -> messages
+	// global are errors no resource can be blamed for.
+	global []string
+
+	bound      map[netip.Addr]bool // on kube-ipvs0; nil until loaded
+	dummyGone  bool
+	localElse  map[netip.Addr]bool // on an interface other than kube-ipvs0
+	sets       map[string]kernel.IPSet
+	setEntries map[string]map[kernel.Entry]bool
+}
+
+func (r *Reconciler) newPass(ctx context.Context) *pass {
+	return &pass{r: r, ctx: ctx, s: r.store.settings(), ops: map[string]uint32{}, errs: map[string][]string{},
+		setEntries: map[string]map[kernel.Entry]bool{}}
+}
+
+// fail records err against every named resource (or globally).
+func (p *pass) fail(names []string, what string, err error) {
+	msg := fmt.Sprintf("%s: %v", what, err)
+	p.r.log.Warn("kernel operation failed", zap.String("op", what), zap.Strings("resources", names), zap.Error(err))
+	if len(names) == 0 {
+		p.global = append(p.global, msg)
+		return
+	}
+	for _, n := range names {
+		if !slices.Contains(p.errs[n], msg) {
+			p.errs[n] = append(p.errs[n], msg)
+		}
+	}
+}
+
+func (p *pass) count(op string) { p.ops[op]++ }
+
+func (p *pass) excluded(a netip.Addr) bool {
+	for _, c := range p.s.excludeCIDRs {
+		if c.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// blame is who answers for an item: its current owners plus the changed
+// resources that touched it.
+func blame(owners, touchers []string) []string {
+	out := slices.Clone(owners)
+	for _, t := range touchers {
+		out = appendOnce(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ---- IPVS ----
+
+func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
+	k := p.r.k.IPVS
+	names := blame(p.r.store.vsOwners[key], touchers)
+	want, ok := p.r.store.wantVS(key)
+	cur, err := k.GetVirtualServer(key)
+	exists := err == nil
+	if err != nil && !errors.Is(err, kernel.ErrNotFound) {
+		p.fail(names, "ipvs get "+key.String(), err)
+		return
+	}
+	if !ok {
+		if exists && !p.excluded(key.Address) {
+			p.count(OpDeleteService)
+			if err := k.DeleteVirtualServer(key); err != nil && !errors.Is(err, kernel.ErrNotFound) {
+				p.fail(names, "ipvs delete "+key.String(), err)
+				return
+			}
+		}
+		delete(p.r.programmed, key)
+		return
+	}
+	p.r.programmed[key] = struct{}{}
+	vs := want.kernelVS(p.s.defaultScheduler)
+	switch {
+	case !exists:
+		p.count(OpAddService)
+		if err := k.AddVirtualServer(vs); err != nil {
+			p.fail(names, "ipvs add "+key.String(), err)
+			return
+		}
+	case cur != vs:
+		p.count(OpUpdateService)
+		if err := k.UpdateVirtualServer(vs); err != nil {
+			p.fail(names, "ipvs update "+key.String(), err)
+			return
+		}
+	}
+	p.syncDests(key, want.dests, exists, names)
+}
+
+func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination, exists bool, names []string) {
+	k := p.r.k.IPVS
+	have := map[kernel.DestinationKey]kernel.Destination{}
+	if exists {
+		list, err := k.ListDestinations(key)
+		if err != nil {
+			p.fail(names, "ipvs list destinations "+key.String(), err)
+			return
+		}
+		for _, d := range list {
+			have[d.Key()] = d
+		}
+	}
+	for _, d := range want {
+		cur, ok := have[d.Key()]
+		delete(have, d.Key())
+		switch {
+		case !ok:
+			p.count(OpAddDestination)
+			if err := k.AddDestination(key, d); err != nil {
+				p.fail(names, fmt.Sprintf("ipvs add destination %v -> %v", key, d.Key()), err)
+			}
+		case cur.Weight != d.Weight || cur.Forward != d.Forward:
+			p.count(OpUpdateDestination)
+			if err := k.UpdateDestination(key, d); err != nil {
+				p.fail(names, fmt.Sprintf("ipvs update destination %v -> %v", key, d.Key()), err)
+			}
+		}
+	}
+	stale := make([]kernel.Destination, 0, len(have))
+	for _, d := range have {
+		stale = append(stale, d)
+	}
+	slices.SortFunc(stale, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+	for _, d := range stale {
+		p.removeDestination(key, d, names)
+	}
+}
+
+// removeDestination takes a real server out of a virtual server. It is the
+// single place where graceful termination will go (weight 0, keep while
+// ActiveConn+InactiveConn > 0 for TCP, bounded); today it deletes at once.
+func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destination, names []string) {
+	p.count(OpDeleteDestination)
+	if err := p.r.k.IPVS.DeleteDestination(key, d.Key()); err != nil && !errors.Is(err, kernel.ErrNotFound) {
+		p.fail(names, fmt.Sprintf("ipvs delete destination %v -> %v", key, d.Key()), err)
+	}
+}
+
+// ---- addresses on kube-ipvs0 ----
+
+func (p *pass) loadBound() error {
+	if p.bound != nil {
+		return nil
+	}
+	list, err := p.r.k.Links.BoundAddresses(kernel.DummyDevice)
+	switch {
+	case errors.Is(err, kernel.ErrNotFound):
+		p.dummyGone = true
+	case err != nil:
+		return err
+	}
+	p.bound = map[netip.Addr]bool{}
+	for _, a := range list {
+		p.bound[a.Unmap()] = true
+	}
+	return nil
+}
+
+func (p *pass) loadLocal() error {
+	if p.localElse != nil {
+		return nil
+	}
+	list, err := p.r.k.Links.LocalAddresses()
+	if err != nil {
+		return err
+	}
+	p.localElse = map[netip.Addr]bool{}
+	for _, ia := range list {
+		if ia.Interface != kernel.DummyDevice {
+			p.localElse[ia.Prefix.Addr().Unmap()] = true
+		}
+	}
+	return nil
+}
+
+// bindWanted: some virtual server on addr wants it bound (ALWAYS, or
+// UNLESS_LOCAL while no other interface holds it).
+func (p *pass) bindWanted(addr netip.Addr) (bool, error) {
+	always, unlessLocal := p.r.store.bindings(addr)
+	if always || !unlessLocal {
+		return always, nil
+	}
+	if err := p.loadLocal(); err != nil {
+		return false, err
+	}
+	return !p.localElse[addr], nil
+}
+
+func (p *pass) syncAddr(addr netip.Addr, touchers []string) {
+	var owners []string
+	for key := range p.r.store.addrVS[addr] {
+		owners = append(owners, p.r.store.vsOwners[key]...)
+	}
+	names := blame(owners, touchers)
+	if err := p.loadBound(); err != nil {
+		p.fail(names, "list addresses of "+kernel.DummyDevice, err)
+		return
+	}
+	want, err := p.bindWanted(addr)
+	if err != nil {
+		p.fail(names, "list local addresses", err)
+		return
+	}
+	links := p.r.k.Links
+	switch {
+	case want && !p.bound[addr]:
+		if p.dummyGone {
+			p.count(OpCreateDummy)
+			if _, err := links.EnsureDummy(kernel.DummyDevice); err != nil {
+				p.fail(names, "create "+kernel.DummyDevice, err)
+				return
+			}
+			p.dummyGone = false
+		}
+		p.count(OpBind)
+		if _, err := links.BindAddress(kernel.DummyDevice, addr); err != nil {
+			p.fail(names, fmt.Sprintf("bind %v to %s", addr, kernel.DummyDevice), err)
+			return
+		}
+		p.bound[addr] = true
+	case !want && p.bound[addr] && !p.excluded(addr):
+		p.count(OpUnbind)
+		if err := links.UnbindAddress(kernel.DummyDevice, addr); err != nil {
+			p.fail(names, fmt.Sprintf("unbind %v from %s", addr, kernel.DummyDevice), err)
+			return
+		}
+		delete(p.bound, addr)
+	}
+	// KUBE-IPVS-IPS holds exactly the addresses bound for services.
+	fam := kernel.FamilyOf(addr)
+	if p.r.families.has(fam) {
+		p.syncEntry(entryKey{set: setRef{rules.SetIPVSIPs, fam}, entry: kernel.Entry{IP: addr}}, names)
+	}
+}
+
+// ---- ipsets ----
+
+// managedSets are the sets the agent owns entirely (kube-proxy's, per
+// family): entries no resource wants are deleted.
+func (r *Reconciler) managedSets() []setRef {
+	var out []setRef
+	for _, f := range r.families {
+		for _, s := range rules.AllSets() {
+			out = append(out, setRef{s, f})
+		}
+	}
+	return out
+}
+
+// ensureSets creates the missing sets; existing ones are left alone.
+func (p *pass) ensureSets() {
+	if p.sets == nil {
+		list, err := p.r.k.IPSets.ListSets()
+		if err != nil {
+			p.fail(nil, "list ipsets", err)
+			return
+		}
+		p.sets = map[string]kernel.IPSet{}
+		for _, s := range list {
+			p.sets[s.Name] = s
+		}
+	}
+	for _, ref := range p.r.managedSets() {
+		spec := ref.spec()
+		cur, ok := p.sets[spec.Name]
+		switch {
+		case ok && cur.SameAs(spec):
+		case ok:
+			p.fail(p.setUsers(ref), "ipset "+spec.Name, fmt.Errorf("exists as %s %v maxelem %d, want %s %v: %w",
+				cur.Type, cur.Family, cur.MaxElem, spec.Type, spec.Family, kernel.ErrExist))
+		default:
+			p.count(OpCreateSet)
+			if err := p.r.k.IPSets.CreateSet(spec); err != nil {
+				p.fail(p.setUsers(ref), "create ipset "+spec.Name, err)
+				continue
+			}
+			p.sets[spec.Name] = spec.Normalize()
+			p.setEntries[spec.Name] = map[kernel.Entry]bool{}
+		}
+	}
+}
+
+func (p *pass) setUsers(ref setRef) []string {
+	var out []string
+	for ek, owners := range p.r.store.entryRefs {
+		if ek.set == ref {
+			for _, o := range owners {
+				out = appendOnce(out, o)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (p *pass) loadEntries(ref setRef) (map[kernel.Entry]bool, error) {
+	name := ref.name()
+	if m, ok := p.setEntries[name]; ok {
+		return m, nil
+	}
+	list, err := p.r.k.IPSets.ListEntries(name)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[kernel.Entry]bool, len(list))
+	for _, e := range list {
+		e.Comment = ""
+		m[e.Normalize()] = true
+	}
+	p.setEntries[name] = m
+	return m, nil
+}
+
+func (p *pass) wantEntry(ek entryKey) (bool, error) {
+	if len(p.r.store.entryRefs[ek]) > 0 {
+		return true, nil
+	}
+	if ek.set.set == rules.SetIPVSIPs && ek.entry == (kernel.Entry{IP: ek.entry.IP}) {
+		return p.bindWanted(ek.entry.IP)
+	}
+	return false, nil
+}
+
+func (p *pass) syncEntry(ek entryKey, touchers []string) {
+	names := blame(p.r.store.entryRefs[ek], touchers)
+	have, err := p.loadEntries(ek.set)
+	if err != nil {
+		p.fail(names, "list ipset "+ek.set.name(), err)
+		return
+	}
+	want, err := p.wantEntry(ek)
+	if err != nil {
+		p.fail(names, "list local addresses", err)
+		return
+	}
+	spec := ek.set.spec()
+	switch {
+	case want && !have[ek.entry]:
+		p.count(OpAddEntry)
+		if err := p.r.k.IPSets.AddEntry(spec, ek.entry); err != nil {
+			p.fail(names, "ipset add "+ek.String(), err)
+			return
+		}
+		have[ek.entry] = true
+	case !want && have[ek.entry]:
+		p.count(OpDelEntry)
+		if err := p.r.k.IPSets.DelEntry(spec, ek.entry); err != nil {
+			p.fail(names, "ipset del "+ek.String(), err)
+			return
+		}
+		delete(have, ek.entry)
+	}
+}
+
+// ---- node settings ----
+
+func (p *pass) syncSettings() {
+	var names []string
+	if _, ok := p.r.store.res[SettingsResource]; ok {
+		names = []string{SettingsResource}
+	}
+	sc := p.r.k.Sysctl
+	type kv struct {
+		name string
+		val  int
+	}
+	want := []kv{
+		{kernel.SysctlVSConntrack, 1},
+		{kernel.SysctlVSExpireNodestConn, 1},
+		{kernel.SysctlVSExpireQuiescentTmpl, 1},
+		{kernel.SysctlIPForward, 1},
+	}
+	if v, err := sc.KernelVersion(); err != nil {
+		p.fail(names, "read kernel version", err)
+	} else if !v.AtLeast(5, 9) {
+		// Kernels before 5.9 drop the first packets of a reused connection
+		// to a deleted real server with conn_reuse_mode=1 (kubernetes#81775).
+		want = append(want, kv{kernel.SysctlVSConnReuseMode, 0})
+	}
+	if p.s.strictARP {
+		want = append(want, kv{kernel.SysctlArpIgnoreAll, 1}, kv{kernel.SysctlArpAnnounceAll, 2})
+	}
+	for _, w := range want {
+		cur, err := sc.Get(w.name)
+		if err != nil {
+			p.fail(names, "sysctl "+w.name, err)
+			continue
+		}
+		if cur != w.val {
+			p.count(OpSysctl)
+			if err := sc.Set(w.name, w.val); err != nil {
+				p.fail(names, fmt.Sprintf("sysctl %s=%d", w.name, w.val), err)
+			}
+		}
+	}
+	t := p.s.timeouts
+	if t == (kernel.Timeouts{}) {
+		return
+	}
+	cur, err := p.r.k.IPVS.Timeouts()
+	if err != nil {
+		p.fail(names, "read ipvs timeouts", err)
+		return
+	}
+	var set kernel.Timeouts
+	if t.TCP != 0 && t.TCP != cur.TCP {
+		set.TCP = t.TCP
+	}
+	if t.TCPFin != 0 && t.TCPFin != cur.TCPFin {
+		set.TCPFin = t.TCPFin
+	}
+	if t.UDP != 0 && t.UDP != cur.UDP {
+		set.UDP = t.UDP
+	}
+	if set != (kernel.Timeouts{}) {
+		p.count(OpSetTimeouts)
+		if err := p.r.k.IPVS.SetTimeouts(set); err != nil {
+			p.fail(names, "set ipvs timeouts", err)
+		}
+	}
+}
+
+func secs(s uint32) time.Duration { return time.Duration(s) * time.Second }
+
+// ---- iptables ----
+
+func (r *Reconciler) rulesInput(fam kernel.Family, s settings, liberal bool) rules.Input {
+	in := rules.Input{
+		Family:              fam,
+		MasqueradeAll:       s.masqueradeAll,
+		MasqueradeBit:       s.masqueradeBit,
+		RandomFully:         r.k.IPTables.Info().RandomFully,
+		ConntrackTCPLiberal: liberal,
+	}
+	for _, c := range s.clusterCIDRs {
+		if kernel.FamilyOf(c.Addr()) == fam {
+			in.ClusterCIDR = c
+			break
+		}
+	}
+	for ref := range r.store.setRefs {
+		if ref.family == fam {
+			in.NonEmpty = in.NonEmpty.With(ref.set)
+		}
+	}
+	return in
+}
+
+// syncIPTables renders the rules of each family and, when the rendering
+// changed since the last successful apply (or verify is set, or nothing
+// was applied yet in this process), compares them with iptables-save and
+// applies one iptables-restore --noflush if anything differs. Errors are
+// blamed on names (nil: global).
+func (p *pass) syncIPTables(verify bool, names []string) {
+	liberal := false
+	if v, err := p.r.k.Sysctl.Get(sysctlConntrackTCPLiberal); err == nil {
+		liberal = v != 0
+	}
+	for _, fam := range p.r.families {
+		rs, err := rules.Render(p.r.rulesInput(fam, p.s, liberal))
+		if err != nil {
+			p.fail(names, "render iptables rules", err)
+			continue
+		}
+		full := rs.Payload(rs.Jumps)
+		if !verify && bytes.Equal(full, p.r.lastRules[fam]) {
+			continue
+		}
+		delete(p.r.lastRules, fam)
+		var dumps []kernel.TableDump
+		readErr := error(nil)
+		for _, t := range rs.TableNames() {
+			b, err := p.r.k.IPTables.Save(p.ctx, fam, t)
+			if err == nil {
+				var d []kernel.TableDump
+				if d, err = kernel.ParseSave(b); err == nil {
+					dumps = append(dumps, d...)
+				}
+			}
+			if err != nil {
+				readErr = err
+				break
+			}
+		}
+		if readErr != nil {
+			p.fail(names, fmt.Sprintf("iptables-save (%v)", fam), readErr)
+			continue
+		}
+		missing, differ := rs.Check(dumps)
+		if differ || len(missing) > 0 {
+			p.count(OpRestore)
+			if err := p.r.k.IPTables.Restore(p.ctx, fam, rs.Payload(missing)); err != nil {
+				p.fail(names, fmt.Sprintf("iptables-restore (%v)", fam), err)
+				continue
+			}
+		}
+		p.r.lastRules[fam] = full
+	}
+}
