@@ -72,6 +72,24 @@ func TestIPTablesDetectsBackend(t *testing.T) {
 	if !info.RandomFully {
 		t.Errorf("iptables %s: want --random-fully support (>= 1.6.2)", info.Version)
 	}
+
+	// The backend already holding rules wins over the default.
+	other := kernel.BackendLegacy
+	if info.Backend == kernel.BackendLegacy {
+		other = kernel.BackendNFT
+	}
+	ctx := context.Background()
+	alt := newIPTables(t, other)
+	chain := "VSPT-DETECT"
+	if err := alt.Restore(ctx, kernel.FamilyIPv4, []byte("*filter\n:"+chain+" - [0:0]\n-A "+chain+" -j RETURN\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = alt.Restore(ctx, kernel.FamilyIPv4, []byte("*filter\n:"+chain+" - [0:0]\n-X "+chain+"\nCOMMIT\n"))
+	})
+	if got := newIPTables(t, "").Info().Backend; got != other {
+		t.Errorf("with rules only in %s, detection picked %s", other, got)
+	}
 }
 
 func TestIPSetsWithIPTablesContract(t *testing.T) {
