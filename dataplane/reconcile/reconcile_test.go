@@ -286,7 +286,7 @@ func TestDriftRepaired(t *testing.T) {
 func TestKernelErrorFailsOnlyThatResource(t *testing.T) {
 	mk := memory.New()
 	mk.SetSchedulers([]string{"rr", "sh"}) // no wrr module yet
-	r := newReconciler(t, mk, Config{})
+	r := newReconciler(t, mk, Config{RetryBase: time.Millisecond, RetryMax: 5 * time.Millisecond})
 	bad := svcB
 	bad.scheduler = "wrr"
 	ack := apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), bad.resource()))
@@ -317,7 +317,6 @@ func TestKernelErrorFailsOnlyThatResource(t *testing.T) {
 
 	// The module gets loaded; the periodic loop retries on its own.
 	mk.SetSchedulers(memory.DefaultSchedulers)
-	r.cfg.RetryBase, r.cfg.RetryMax = time.Millisecond, 5*time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	r.Start(ctx)
@@ -475,4 +474,55 @@ func indexOf(s, sub string) int {
 		}
 	}
 	return -1
+}
+
+func TestFailedRemovalIsReportedAndRetried(t *testing.T) {
+	mk, r := setup(t)
+	mk.SetFault(func(op string) error {
+		if op == "ipvs.DeleteVirtualServer" {
+			return errors.New("simulated EBUSY")
+		}
+		return nil
+	})
+	ack := apply(t, r, &vsplanev1.Delta{Nonce: "2", Removed: []string{"service/default/b"}})
+	if len(ack.GetErrors()) != 1 || ack.GetErrors()[0].GetName() != "service/default/b" {
+		t.Fatalf("errors = %v", ack.GetErrors())
+	}
+	if len(r.Stats().KernelErrors) == 0 || r.retryAt.IsZero() {
+		t.Fatal("failed removal not scheduled for retry")
+	}
+	mk.SetFault(nil)
+	r.Reconcile(context.Background())
+	if _, ok := readState(t, mk).Services["udp/198.18.0.11:53 rr"]; ok {
+		t.Error("retry did not delete the removed service's virtual server")
+	}
+	if len(r.Stats().KernelErrors) != 0 {
+		t.Errorf("kernel errors after retry: %v", r.Stats().KernelErrors)
+	}
+}
+
+func TestUnlessLocalBinding(t *testing.T) {
+	mk := memory.New()
+	mk.AddInterface("eth0", "veth", netip.MustParsePrefix("198.19.0.11/24"))
+	r := newReconciler(t, mk, Config{})
+	res := func(name, addr string) *vsplanev1.Resource {
+		return &vsplanev1.Resource{Name: "service/default/" + name, Version: "1", Body: &vsplanev1.Resource_Service{Service: &vsplanev1.ServiceState{
+			VirtualServers: []*vsplanev1.VirtualServer{{
+				Kind: vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, Address: addr, Port: 80,
+				Protocol: vsplanev1.Protocol_PROTOCOL_TCP, Binding: vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL,
+				RealServers: []*vsplanev1.RealServer{{Address: "198.19.1.2", Port: 80, Weight: 1}},
+			}},
+		}}}
+	}
+	mustAck(t, apply(t, r, full(res("local", "198.19.0.11"), res("remote", "198.18.5.5"))))
+	st := readState(t, mk)
+	if !slices.Equal(st.Bound, []string{"198.18.5.5"}) {
+		t.Errorf("bound = %v, want only the address no interface holds", st.Bound)
+	}
+	if len(st.Services) != 2 {
+		t.Errorf("services = %v", st.Services)
+	}
+	if d := cmp.Diff([]string{"198.18.5.5"}, st.Sets["KUBE-IPVS-IPS"]); d != "" {
+		t.Errorf("KUBE-IPVS-IPS (-want +got):\n%s", d)
+	}
 }

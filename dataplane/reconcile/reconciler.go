@@ -237,6 +237,10 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	for _, name := range evaluate {
 		if f, ok := r.failed[name]; ok {
 			ack.Errors = append(ack.Errors, &vsplanev1.ResourceError{Name: name, Version: f.version, Message: strings.Join(f.messages, "; ")})
+		} else if _, held := r.store.res[name]; !held && len(p.errs[name]) > 0 {
+			// A removal that left something behind: report it; the retry
+			// (a full pass) deletes what is still owned.
+			ack.Errors = append(ack.Errors, &vsplanev1.ResourceError{Name: name, Message: strings.Join(p.errs[name], "; ")})
 		}
 	}
 	if len(ack.Errors) > 0 {
@@ -285,7 +289,11 @@ func (r *Reconciler) fullPass(p *pass) {
 	if err != nil {
 		p.fail(nil, "list ipvs services", err)
 	}
+	if err == nil {
+		p.listed = make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(list))
+	}
 	for _, vs := range list {
+		p.listed[vs.Key] = vs
 		if vs.Key.FWMark == 0 && p.bound[vs.Key.Address] && !p.excluded(vs.Key.Address) {
 			keys[vs.Key] = nil
 		}
@@ -293,6 +301,7 @@ func (r *Reconciler) fullPass(p *pass) {
 	for _, key := range sortedKeys(keys, kernel.VirtualServerKey.Compare) {
 		p.syncVS(key, nil)
 	}
+	p.listed = nil
 	addrs := map[netipAddr][]string{}
 	for a := range r.store.addrVS {
 		addrs[a] = nil
@@ -340,6 +349,13 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 		r.failed[name] = failure{version: rs.version, messages: msgs, retryable: len(p.errs[name]) > 0}
 	}
 	r.globalErrs = p.global
+	for _, name := range sortedKeys(p.errs, strings.Compare) {
+		if _, ok := r.store.res[name]; !ok {
+			for _, m := range p.errs[name] {
+				r.globalErrs = append(r.globalErrs, name+" (removed): "+m)
+			}
+		}
+	}
 	retry := len(r.globalErrs) > 0
 	for _, f := range r.failed {
 		retry = retry || f.retryable

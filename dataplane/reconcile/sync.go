@@ -47,9 +47,12 @@ type pass struct {
 	// global are errors no resource can be blamed for.
 	global []string
 
-	bound      map[netip.Addr]bool // on kube-ipvs0; nil until loaded
-	dummyGone  bool
-	localElse  map[netip.Addr]bool // on an interface other than kube-ipvs0
+	bound     map[netip.Addr]bool // on kube-ipvs0; nil until loaded
+	dummyGone bool
+	localElse map[netip.Addr]bool // on an interface other than kube-ipvs0
+	// listed is the IPVS table read by a full pass (nil: read per key), so
+	// a full pass costs one list instead of one get per virtual server.
+	listed     map[kernel.VirtualServerKey]kernel.VirtualServer
 	sets       map[string]kernel.IPSet
 	setEntries map[string]map[kernel.Entry]bool
 }
@@ -102,7 +105,16 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 	k := p.r.k.IPVS
 	names := blame(p.r.store.vsOwners[key], touchers)
 	want, ok := p.r.store.wantVS(key)
-	cur, err := k.GetVirtualServer(key)
+	var cur kernel.VirtualServer
+	var err error
+	if p.listed != nil {
+		var ok bool
+		if cur, ok = p.listed[key]; !ok {
+			err = kernel.ErrNotFound
+		}
+	} else {
+		cur, err = k.GetVirtualServer(key)
+	}
 	exists := err == nil
 	if err != nil && !errors.Is(err, kernel.ErrNotFound) {
 		p.fail(names, "ipvs get "+key.String(), err)
