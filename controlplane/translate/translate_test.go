@@ -1,0 +1,288 @@
+package translate
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+	pb "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+var (
+	v4            = pb.IPFamily_IP_FAMILY_IPV4
+	v6            = pb.IPFamily_IP_FAMILY_IPV6
+	tcp           = pb.Protocol_PROTOCOL_TCP
+	udp           = pb.Protocol_PROTOCOL_UDP
+	sctp          = pb.Protocol_PROTOCOL_SCTP
+	clusterIPKind = pb.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP
+	always        = pb.AddressBinding_ADDRESS_BINDING_ALWAYS
+	cluster       = pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER
+	local         = pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	setCIP        = pb.IPSet_IP_SET_CLUSTER_IP
+	setLoop       = pb.IPSet_IP_SET_LOOP_BACK
+)
+
+func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+func ep(addr, node string, ready, serving, terminating bool) model.Endpoint {
+	return model.Endpoint{Address: ip(addr), NodeName: node, Ready: ready, Serving: serving, Terminating: terminating}
+}
+
+func rs(addr string, port uint32, isLocal bool) *pb.RealServer {
+	return &pb.RealServer{Address: addr, Port: port, Weight: 1, Local: isLocal, Ready: true, Serving: true, Reason: "ready"}
+}
+
+func cipEntry(fam pb.IPFamily, addr string, port uint32, proto pb.Protocol) *pb.IPSetEntry {
+	return &pb.IPSetEntry{Set: setCIP, Family: fam, Ip: addr, Port: port, Protocol: proto}
+}
+
+func loopEntry(fam pb.IPFamily, addr string, port uint32, proto pb.Protocol) *pb.IPSetEntry {
+	return &pb.IPSetEntry{Set: setLoop, Family: fam, Ip: addr, Port: port, Protocol: proto, Ip2: addr}
+}
+
+var web = &model.Service{
+	Key:        model.ServiceKey{Namespace: "default", Name: "web"},
+	ClusterIPs: []netip.Addr{ip("198.18.0.10")},
+	Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
+}
+
+var webSlice = &model.EndpointSlice{
+	Key: model.SliceKey{Namespace: "default", Name: "web-abc"}, Service: web.Key, Family: model.IPv4,
+	Ports: []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
+	Endpoints: []model.Endpoint{
+		ep("198.19.1.5", "n1", true, true, false),
+		ep("198.19.2.5", "n2", true, true, false),
+		ep("198.19.1.6", "n1", false, false, false), // not ready: no real server, still hairpinned
+		ep("198.19.2.7", "n2", false, true, true),   // terminating: not used in this issue
+	},
+}
+
+func TestService(t *testing.T) {
+	n1 := &model.Node{Name: "n1"}
+	n3 := &model.Node{Name: "n3"}
+	dual := &model.Service{
+		Key:                  model.ServiceKey{Namespace: "ns", Name: "dual"},
+		ClusterIPs:           []netip.Addr{ip("2001:2:0:1::a"), ip("198.18.0.11")},
+		Ports:                []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53}, {Name: "sig", Protocol: model.SCTP, Port: 3868}},
+		Sticky:               true,
+		StickyTimeoutSeconds: 600,
+	}
+	dualV4 := &model.EndpointSlice{
+		Key: model.SliceKey{Namespace: "ns", Name: "dual-4"}, Service: dual.Key, Family: model.IPv4,
+		Ports:     []model.EndpointPort{{Name: "dns", Protocol: model.UDP, Port: 5353}, {Name: "sig", Protocol: model.SCTP, Port: 3868}},
+		Endpoints: []model.Endpoint{ep("198.19.1.9", "n1", true, true, false)},
+	}
+	dualV6 := &model.EndpointSlice{
+		Key: model.SliceKey{Namespace: "ns", Name: "dual-6"}, Service: dual.Key, Family: model.IPv6,
+		Ports:     []model.EndpointPort{{Name: "dns", Protocol: model.UDP, Port: 5353}},
+		Endpoints: []model.Endpoint{ep("2001:2:0:2::9", "n2", true, true, false)},
+	}
+	persistent := []pb.VirtualServerFlag{pb.VirtualServerFlag_VIRTUAL_SERVER_FLAG_PERSISTENT}
+
+	itpLocal := *web
+	itpLocal.InternalTrafficPolicy = model.PolicyLocal
+
+	// The same endpoint in two slices: the terminating copy does not replace the ready one.
+	dupA := &model.EndpointSlice{Key: model.SliceKey{Namespace: "default", Name: "web-a"}, Service: web.Key, Family: model.IPv4,
+		Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
+		Endpoints: []model.Endpoint{ep("198.19.2.5", "n2", true, true, false)}}
+	dupB := &model.EndpointSlice{Key: model.SliceKey{Namespace: "default", Name: "web-b"}, Service: web.Key, Family: model.IPv4,
+		Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}},
+		Endpoints: []model.Endpoint{ep("198.19.2.5", "n2", false, true, true)}}
+
+	// Port name or protocol mismatch: no endpoints.
+	mismatch := &model.EndpointSlice{Key: model.SliceKey{Namespace: "default", Name: "web-x"}, Service: web.Key, Family: model.IPv4,
+		Ports:     []model.EndpointPort{{Name: "http", Protocol: model.UDP, Port: 8080}, {Name: "https", Protocol: model.TCP, Port: 8443}},
+		Endpoints: []model.Endpoint{ep("198.19.2.5", "n2", true, true, false)}}
+
+	tests := []struct {
+		name string
+		in   Input
+		node *model.Node
+		want *pb.ServiceState
+	}{{
+		name: "ClusterIP on a node hosting endpoints",
+		in:   Input{Service: web, Slices: []*model.EndpointSlice{webSlice}},
+		node: n1,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web", LocalEndpoints: 1,
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: cluster,
+				RealServers: []*pb.RealServer{rs("198.19.1.5", 8080, true), rs("198.19.2.5", 8080, false)},
+			}},
+			IpsetEntries: []*pb.IPSetEntry{
+				loopEntry(v4, "198.19.1.5", 8080, tcp),
+				loopEntry(v4, "198.19.1.6", 8080, tcp),
+				cipEntry(v4, "198.18.0.10", 80, tcp),
+			},
+		},
+	}, {
+		name: "ClusterIP on a node without endpoints",
+		in:   Input{Service: web, Slices: []*model.EndpointSlice{webSlice}, Problems: []string{"something dropped"}},
+		node: n3,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web", Problems: []string{"something dropped"},
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: cluster,
+				RealServers: []*pb.RealServer{rs("198.19.1.5", 8080, false), rs("198.19.2.5", 8080, false)},
+			}},
+			IpsetEntries: []*pb.IPSetEntry{cipEntry(v4, "198.18.0.10", 80, tcp)},
+		},
+	}, {
+		name: "no slices: virtual server without real servers",
+		in:   Input{Service: web},
+		node: n1,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web",
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: cluster,
+			}},
+			IpsetEntries: []*pb.IPSetEntry{cipEntry(v4, "198.18.0.10", 80, tcp)},
+		},
+	}, {
+		name: "dual-stack UDP+SCTP with ClientIP affinity; families independent",
+		in:   Input{Service: dual, Slices: []*model.EndpointSlice{dualV6, dualV4}},
+		node: n1,
+		want: &pb.ServiceState{
+			Namespace: "ns", Name: "dual", LocalEndpoints: 1,
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "2001:2:0:1::a", Family: v6, Port: 53, Protocol: udp, Binding: always,
+				PortName: "dns", TrafficPolicy: cluster, Flags: persistent, PersistenceTimeoutSeconds: 600,
+				RealServers: []*pb.RealServer{rs("2001:2:0:2::9", 5353, false)},
+			}, {
+				Kind: clusterIPKind, Address: "2001:2:0:1::a", Family: v6, Port: 3868, Protocol: sctp, Binding: always,
+				PortName: "sig", TrafficPolicy: cluster, Flags: persistent, PersistenceTimeoutSeconds: 600,
+			}, {
+				Kind: clusterIPKind, Address: "198.18.0.11", Family: v4, Port: 53, Protocol: udp, Binding: always,
+				PortName: "dns", TrafficPolicy: cluster, Flags: persistent, PersistenceTimeoutSeconds: 600,
+				RealServers: []*pb.RealServer{rs("198.19.1.9", 5353, true)},
+			}, {
+				Kind: clusterIPKind, Address: "198.18.0.11", Family: v4, Port: 3868, Protocol: sctp, Binding: always,
+				PortName: "sig", TrafficPolicy: cluster, Flags: persistent, PersistenceTimeoutSeconds: 600,
+				RealServers: []*pb.RealServer{rs("198.19.1.9", 3868, true)},
+			}},
+			IpsetEntries: []*pb.IPSetEntry{
+				loopEntry(v4, "198.19.1.9", 3868, sctp),
+				loopEntry(v4, "198.19.1.9", 5353, udp),
+				cipEntry(v4, "198.18.0.11", 53, udp),
+				cipEntry(v4, "198.18.0.11", 3868, sctp),
+				cipEntry(v6, "2001:2:0:1::a", 53, udp),
+				cipEntry(v6, "2001:2:0:1::a", 3868, sctp),
+			},
+		},
+	}, {
+		name: "internalTrafficPolicy Local without local endpoints rejects",
+		in:   Input{Service: &itpLocal, Slices: []*model.EndpointSlice{webSlice}},
+		node: n3,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web",
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: local, Reject: true,
+			}},
+			IpsetEntries: []*pb.IPSetEntry{cipEntry(v4, "198.18.0.10", 80, tcp)},
+		},
+	}, {
+		name: "internalTrafficPolicy Local uses only local ready endpoints",
+		in:   Input{Service: &itpLocal, Slices: []*model.EndpointSlice{webSlice}},
+		node: n1,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web", LocalEndpoints: 1,
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: local,
+				RealServers: []*pb.RealServer{rs("198.19.1.5", 8080, true)},
+			}},
+			IpsetEntries: []*pb.IPSetEntry{
+				loopEntry(v4, "198.19.1.5", 8080, tcp),
+				loopEntry(v4, "198.19.1.6", 8080, tcp),
+				cipEntry(v4, "198.18.0.10", 80, tcp),
+			},
+		},
+	}, {
+		name: "duplicate endpoint across slices keeps the non-terminating copy",
+		in:   Input{Service: web, Slices: []*model.EndpointSlice{dupB, dupA}},
+		node: n3,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web",
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: cluster,
+				RealServers: []*pb.RealServer{rs("198.19.2.5", 8080, false)},
+			}},
+			IpsetEntries: []*pb.IPSetEntry{cipEntry(v4, "198.18.0.10", 80, tcp)},
+		},
+	}, {
+		name: "slice ports must match name and protocol",
+		in:   Input{Service: web, Slices: []*model.EndpointSlice{mismatch}},
+		node: n3,
+		want: &pb.ServiceState{
+			Namespace: "default", Name: "web",
+			VirtualServers: []*pb.VirtualServer{{
+				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
+				PortName: "http", TrafficPolicy: cluster,
+			}},
+			IpsetEntries: []*pb.IPSetEntry{cipEntry(v4, "198.18.0.10", 80, tcp)},
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Service(tc.in, tc.node, Config{})
+			if diff := cmp.Diff(tc.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("Service() (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if Service(Input{}, n1, Config{}) != nil {
+		t.Error("nil Service must give nil")
+	}
+}
+
+func TestVariants(t *testing.T) {
+	in := Input{Service: web, Slices: []*model.EndpointSlice{webSlice}}
+	v := VariantsOf(in)
+	if diff := cmp.Diff([]string{"n1", "n2"}, v.PerNode()); diff != "" {
+		t.Fatalf("PerNode (-want +got):\n%s", diff)
+	}
+	nodes := []*model.Node{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}, {Name: "n4", Zone: "z"}}
+	byKey := map[string]*pb.ServiceState{}
+	for _, n := range nodes {
+		got := Service(in, n, Config{})
+		k := v.Key(n)
+		if prev, ok := byKey[k]; ok {
+			if diff := cmp.Diff(prev, got, protocmp.Transform()); diff != "" {
+				t.Errorf("nodes with key %q differ (-first +%s):\n%s", k, n.Name, diff)
+			}
+		}
+		byKey[k] = got
+	}
+	if len(byKey) != 3 {
+		t.Errorf("want 3 variants (n1, n2, common), got %d", len(byKey))
+	}
+}
+
+func TestNodeSettings(t *testing.T) {
+	n := &model.Node{Name: "n1", Zone: "zone-a", Addresses: []netip.Addr{ip("198.19.0.11"), ip("2001:2::11")}}
+	got := NodeSettings(n, Config{
+		TCPTimeout: 900 * time.Second, UDPTimeout: 1500 * time.Millisecond, StrictARP: true,
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}, ReconcilePeriod: time.Minute,
+	})
+	want := &pb.NodeSettings{
+		DefaultScheduler: "rr", TcpTimeoutSeconds: 900, UdpTimeoutSeconds: 2, StrictArp: true, MasqueradeBit: 14,
+		ClusterCidrs: []string{"198.19.0.0/16"}, NodeIps: []string{"198.19.0.11", "2001:2::11"}, Zone: "zone-a",
+		ReconcilePeriodSeconds: 60,
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+		t.Errorf("NodeSettings (-want +got):\n%s", diff)
+	}
+	if s := NodeSettings(n, Config{DefaultScheduler: "mh", MasqueradeBit: 3}); s.DefaultScheduler != "mh" || s.MasqueradeBit != 3 {
+		t.Errorf("explicit config not kept: %v", s)
+	}
+}
