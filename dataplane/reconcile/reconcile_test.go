@@ -41,6 +41,7 @@ func TestApplyTwoClusterIPServices(t *testing.T) {
 	wantState(t, mk, twoServices)
 
 	wantNAT := []string{
+		`-s 127.0.0.0/8 -j RETURN`,
 		`! -s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
 		`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 	}
@@ -139,8 +140,8 @@ func TestRemoveService(t *testing.T) {
 	if ack.GetKernelOperations()[OpRestore] != 1 {
 		t.Errorf("want one iptables restore, got ops %v", ack.GetKernelOperations())
 	}
-	if got := natRules(t, mk, "KUBE-SERVICES"); len(got) != 0 {
-		t.Errorf("KUBE-SERVICES not empty: %q", got)
+	if got := natRules(t, mk, "KUBE-SERVICES"); !slices.Equal(got, []string{"-s 127.0.0.0/8 -j RETURN"}) {
+		t.Errorf("KUBE-SERVICES still matches the empty set: %q", got)
 	}
 	wantState(t, mk, kernelState{Services: map[string][]string{}, Sets: map[string][]string{}})
 }

@@ -142,9 +142,10 @@ var tableChains = []struct {
 }
 
 // sections write the rules in kube-proxy's order (writeIptablesRules):
-// set-driven rules, ClusterIP masquerade, ACCEPT for IPVS traffic, forward
+// localhost dismissal, set-driven rules, ClusterIP masquerade, ACCEPT for IPVS traffic, forward
 // rules, postrouting masquerade, mark chain, then the jumps.
 var sections = []func(*builder){
+	(*builder).dismissLocalhost,
 	(*builder).setRules,
 	(*builder).clusterIPRules,
 	(*builder).acceptIPVSTraffic,
@@ -181,6 +182,16 @@ func comment(text string) string {
 }
 
 func (b *builder) setName(s Set) string { return s.Name(b.in.Family) }
+
+// dismissLocalhost returns connections from loopback early, as kube-proxy
+// does: IPVS cannot serve them (route_localnet is not set for IPVS).
+func (b *builder) dismissLocalhost() {
+	lo := "127.0.0.0/8"
+	if b.in.Family == kernel.FamilyIPv6 {
+		lo = "::1/128"
+	}
+	b.add(kernel.TableNAT, ChainServices, "-s", lo, "-j RETURN")
+}
 
 // setRules are kube-proxy's ipsetWithIptablesChain rules for the sets this
 // issue supports: only the hairpin masquerade of KUBE-LOOP-BACK.

@@ -75,20 +75,24 @@ func TestRenderRules(t *testing.T) {
 		chain string
 		want  []string
 	}{
-		{"empty sets: only nothing in services", base, ChainServices, nil},
+		{"empty sets: only the localhost dismissal", base, ChainServices, []string{"-s 127.0.0.0/8 -j RETURN"}},
 		{"cluster ip not from pods", withCIP, ChainServices, []string{
+			`-s 127.0.0.0/8 -j RETURN`,
 			`! -s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"masquerade all", masqAll, ChainServices, []string{
+			`-s 127.0.0.0/8 -j RETURN`,
 			`-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"no cluster cidr", noCIDR, ChainServices, []string{
+			`-s 127.0.0.0/8 -j RETURN`,
 			`-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"ipv6 set names", v6, ChainServices, []string{
+			`-s ::1/128 -j RETURN`,
 			`! -s 2001:2::/64 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
 			`-m set --match-set KUBE-6-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
