@@ -1,0 +1,209 @@
+// Package agent wires the node agent: a kernel (real Linux or in-memory), the
+// reconciler that makes it match the desired state, and the stream client that
+// receives that state from the control plane. cmd/vsplane-agent only parses
+// flags; tests run the same wiring in-process.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/vsplane/vsplane/dataplane/client"
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/kernel/linux"
+	"github.com/vsplane/vsplane/dataplane/reconcile"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// Version is the agent version sent in Hello; set at build time with
+// -ldflags "-X github.com/vsplane/vsplane/dataplane/agent.Version=...".
+var Version = "dev"
+
+// Config configures an agent.
+type Config struct {
+	// ControlPlane is the control plane's gRPC address (host:port).
+	ControlPlane string
+	// NodeName is this node's Kubernetes Node name.
+	NodeName string
+	// Kernel to program; nil means the real Linux kernel of this network
+	// namespace (see NewLinuxKernel).
+	Kernel *kernel.Kernel
+	// Reconcile configures the reconciler (period, families, retry).
+	Reconcile reconcile.Config
+	// BackoffBase and BackoffMax bound reconnect delays (client defaults if 0).
+	BackoffBase, BackoffMax time.Duration
+	// MetricsListener, if set, serves /metrics, /healthz and /livez.
+	MetricsListener net.Listener
+	Logger          *zap.Logger
+	// OnStreamEnd is passed to the client (tests).
+	OnStreamEnd func(error)
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	cfg        Config
+	kernel     kernel.Kernel
+	Reconciler *reconcile.Reconciler
+	Client     *client.Client
+	log        *zap.Logger
+}
+
+// New builds an agent. With a nil cfg.Kernel it opens the real kernel, which
+// fails with a clear message when IPVS is unusable.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("agent: node name is required")
+	}
+	if cfg.ControlPlane == "" {
+		return nil, errors.New("agent: control plane address is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.With(zap.String("node", cfg.NodeName))
+	var k kernel.Kernel
+	if cfg.Kernel != nil {
+		k = *cfg.Kernel
+	} else {
+		var err error
+		if k, err = NewLinuxKernel(ctx, log); err != nil {
+			return nil, err
+		}
+	}
+	rec, err := reconcile.New(k, cfg.Reconcile, log.Named("reconcile"))
+	if err != nil {
+		return nil, fmt.Errorf("agent: reconciler: %w", err)
+	}
+	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log}
+	a.Client, err = client.New(client.Config{
+		Target:       cfg.ControlPlane,
+		NodeName:     cfg.NodeName,
+		AgentVersion: Version,
+		Capabilities: a.capabilities,
+		Applier:      rec,
+		Logger:       log.Named("client"),
+		BackoffBase:  cfg.BackoffBase,
+		BackoffMax:   cfg.BackoffMax,
+		OnStreamEnd:  cfg.OnStreamEnd,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: client: %w", err)
+	}
+	return a, nil
+}
+
+// NewLinuxKernel opens every kernel subsystem of the caller's network
+// namespace. IPVS is probed (a dummy virtual server is added and read back)
+// because opening the netlink family succeeds even without the module.
+func NewLinuxKernel(ctx context.Context, log *zap.Logger) (kernel.Kernel, error) {
+	// Netlink handles bind to the creating thread's namespace; the agent runs
+	// in one namespace, but pin the thread while opening them anyway.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ipvs, err := linux.NewIPVS(linux.IPVSOptions{Logger: log.Named("ipvs")})
+	if err != nil {
+		return kernel.Kernel{}, err
+	}
+	links, err := linux.NewLinks()
+	if err != nil {
+		return kernel.Kernel{}, fmt.Errorf("links: %w", err)
+	}
+	sets, err := linux.NewIPSets()
+	if err != nil {
+		return kernel.Kernel{}, fmt.Errorf("ipsets: %w", err)
+	}
+	ipt, err := linux.NewIPTables(ctx, linux.IPTablesOptions{Logger: log.Named("iptables")})
+	if err != nil {
+		return kernel.Kernel{}, fmt.Errorf("iptables: %w", err)
+	}
+	return kernel.Kernel{IPVS: ipvs, IPSets: sets, Links: links, IPTables: ipt, Sysctl: linux.NewSysctl(linux.DefaultSysctlRoot)}, nil
+}
+
+// capabilities describes the node's kernel for the Hello.
+func (a *Agent) capabilities() *vsplanev1.Capabilities {
+	caps := &vsplanev1.Capabilities{Ipv6: slices.Contains(a.cfg.Reconcile.Families, kernel.FamilyIPv6)}
+	if scheds, err := a.kernel.IPVS.Schedulers(); err == nil {
+		caps.IpvsSchedulers = scheds
+		caps.Sctp = true // the probe passed; SCTP support is per protocol module
+	} else {
+		a.log.Warn("cannot list IPVS schedulers", zap.Error(err))
+	}
+	if v, err := a.kernel.Sysctl.KernelVersion(); err == nil {
+		caps.KernelVersion = v.Raw
+	}
+	caps.IptablesBackend = string(a.kernel.IPTables.Info().Backend)
+	return caps
+}
+
+// Run runs the reconciler loop, the stream client and (if configured) the
+// metrics/health server until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ignoreCanceled(a.Reconciler.Run(ctx)) })
+	g.Go(func() error { return ignoreCanceled(a.Client.Run(ctx)) })
+	g.Go(func() error { a.reportStatus(ctx); return nil })
+	if a.cfg.MetricsListener != nil {
+		srv := &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(a.cfg.MetricsListener); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(shutdownCtx)
+		})
+	}
+	return g.Wait()
+}
+
+// statusInterval is how often the agent refreshes the status it reports.
+const statusInterval = 10 * time.Second
+
+// reportStatus hands the reconciler's status to the client, which sends it on
+// the stream.
+func (a *Agent) reportStatus(ctx context.Context) {
+	t := time.NewTicker(statusInterval)
+	defer t.Stop()
+	for {
+		a.Client.SetStatus(a.Reconciler.Status())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// httpHandler serves Prometheus metrics and a process-liveness /healthz.
+// kube-proxy's /healthz semantics (stale-update detection) come with the
+// metrics work; until then /healthz only says the process serves HTTP.
+func (a *Agent) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

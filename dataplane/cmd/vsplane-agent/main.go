@@ -1,0 +1,79 @@
+// Command vsplane-agent programs this node's kernel (IPVS, kube-ipvs0,
+// ipsets, iptables, sysctls) from the per-node state the vsplane control
+// plane streams to it. Flags and wiring only; see package agent.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/dataplane/agent"
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/reconcile"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "vsplane-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		controlPlane = flag.String("controlplane", "", "control plane gRPC address (host:port)")
+		nodeName     = flag.String("node-name", os.Getenv("NODE_NAME"), "this node's Kubernetes Node name (default $NODE_NAME)")
+		period       = flag.Duration("reconcile-period", 30*time.Second, "period of the full reconcile against the kernel")
+		ipv6         = flag.Bool("ipv6", false, "also manage IPv6 (ip6tables, KUBE-6- sets)")
+		metricsAddr  = flag.String("metrics-address", "127.0.0.1:10249", "address for /metrics and /healthz; empty disables")
+		backoffMax   = flag.Duration("reconnect-backoff-max", 30*time.Second, "upper bound of the reconnect delay")
+		debug        = flag.Bool("debug", false, "debug logging")
+	)
+	flag.Parse()
+
+	logCfg := zap.NewProductionConfig()
+	if *debug {
+		logCfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	}
+	log, err := logCfg.Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	families := []kernel.Family{kernel.FamilyIPv4}
+	if *ipv6 {
+		families = append(families, kernel.FamilyIPv6)
+	}
+	cfg := agent.Config{
+		ControlPlane: *controlPlane,
+		NodeName:     *nodeName,
+		Reconcile:    reconcile.Config{Period: *period, Families: families},
+		BackoffMax:   *backoffMax,
+		Logger:       log,
+	}
+	if *metricsAddr != "" {
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		cfg.MetricsListener = ln
+	}
+	a, err := agent.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("agent starting", zap.String("node", *nodeName), zap.String("controlplane", *controlPlane), zap.String("version", agent.Version))
+	return a.Run(ctx)
+}
