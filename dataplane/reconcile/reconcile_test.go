@@ -527,3 +527,45 @@ func TestUnlessLocalBinding(t *testing.T) {
 		t.Errorf("KUBE-IPVS-IPS (-want +got):\n%s", d)
 	}
 }
+
+func TestDualStack(t *testing.T) {
+	mk := memory.New()
+	r := newReconciler(t, mk, Config{Families: []kernel.Family{kernel.FamilyIPv4, kernel.FamilyIPv6}})
+	v6 := &vsplanev1.Resource{Name: "service/default/v6", Version: "1", Body: &vsplanev1.Resource_Service{Service: &vsplanev1.ServiceState{
+		VirtualServers: []*vsplanev1.VirtualServer{{
+			Kind: vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP, Address: "2001:2:0:1::10", Port: 80,
+			Family: vsplanev1.IPFamily_IP_FAMILY_IPV6, Protocol: vsplanev1.Protocol_PROTOCOL_TCP,
+			RealServers: []*vsplanev1.RealServer{{Address: "2001:2:0:100::5", Port: 8080, Weight: 1}},
+		}},
+		IpsetEntries: []*vsplanev1.IPSetEntry{{Set: vsplanev1.IPSet_IP_SET_CLUSTER_IP, Ip: "2001:2:0:1::10", Port: 80, Protocol: vsplanev1.Protocol_PROTOCOL_TCP}},
+	}}}
+	ns := defaultNodeSettings()
+	ns.ClusterCidrs = append(ns.ClusterCidrs, "2001:2:0:100::/56")
+	ack := apply(t, r, full(settingsRes(ns), svcA.resource(), v6))
+	mustAck(t, ack)
+	if ack.GetKernelOperations()[OpRestore] != 2 {
+		t.Errorf("want one restore per family, got %v", ack.GetKernelOperations())
+	}
+	st := readState(t, mk)
+	if d := cmp.Diff([]string{"2001:2:0:1::10,tcp:80"}, st.Sets["KUBE-6-CLUSTER-IP"]); d != "" {
+		t.Errorf("KUBE-6-CLUSTER-IP (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"198.18.0.10", "2001:2:0:1::10"}, st.Bound); d != "" {
+		t.Errorf("bound (-want +got):\n%s", d)
+	}
+	if _, ok := st.Services["tcp/[2001:2:0:1::10]:80 rr"]; !ok {
+		t.Errorf("IPv6 service missing: %v", st.Services)
+	}
+	b, err := mk.Kernel().IPTables.Save(context.Background(), kernel.FamilyIPv6, kernel.TableNAT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !contains(string(b), "! -s 2001:2:0:100::/56") || !contains(string(b), "KUBE-6-CLUSTER-IP") {
+		t.Errorf("IPv6 nat rules:\n%s", b)
+	}
+	// A single-stack agent refuses IPv6 content as a problem, not a crash.
+	r4 := newReconciler(t, memory.New(), Config{})
+	if ack := apply(t, r4, full(v6)); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK {
+		t.Errorf("IPv4-only agent accepted an IPv6 service: %v", ack)
+	}
+}
