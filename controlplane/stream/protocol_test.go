@@ -75,119 +75,129 @@ func TestResumeWithStaleVersionsGetsOnlyDifferences(t *testing.T) {
 }
 
 func TestChangeSendsOnlyChangedResource(t *testing.T) {
-	e := newEnv(t, false)
-	e.src.Set("n1", "service/default/a", "a1", t0)
-	e.src.Set("n1", "service/default/b", "b1", t0)
-	a := e.open()
-	a.hello("n1", nil)
-	d := a.delta()
-	a.ack(d.GetNonce())
-	e.waitAck(d.GetNonce())
+	bothPaths(t, func(t *testing.T, versioned bool) {
+		e := newEnv(t, false, versioned)
+		e.src.Set("n1", "service/default/a", "a1", t0)
+		e.src.Set("n1", "service/default/b", "b1", t0)
+		a := e.open()
+		a.hello("n1", nil)
+		d := a.delta()
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
 
-	e.src.Set("n1", "service/default/b", "b2", t0)
-	d = a.delta()
-	expectDelta(t, d, []string{"service/default/b@b2"}, nil)
-	a.ack(d.GetNonce())
-	e.waitAck(d.GetNonce())
+		e.src.Set("n1", "service/default/b", "b2", t0)
+		d = a.delta()
+		expectDelta(t, d, []string{"service/default/b@b2"}, nil)
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
 
-	e.src.Delete("n1", "service/default/a")
-	d = a.delta()
-	expectDelta(t, d, nil, []string{"service/default/a"})
-	a.ack(d.GetNonce())
-	e.waitAck(d.GetNonce())
-	info, _ := e.srv.Registry().Agent("n1")
-	if got := info.GetAcknowledgedVersions(); len(got) != 1 || got["service/default/b"] != "b2" {
-		t.Fatalf("acknowledged versions = %v", got)
-	}
+		e.src.Delete("n1", "service/default/a")
+		d = a.delta()
+		expectDelta(t, d, nil, []string{"service/default/a"})
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
+		info, _ := e.srv.Registry().Agent("n1")
+		if got := info.GetAcknowledgedVersions(); len(got) != 1 || got["service/default/b"] != "b2" {
+			t.Fatalf("acknowledged versions = %v", got)
+		}
 
-	// A change that reverts before it is sent produces no Delta: setting b to
-	// b2 again (same version) is not a difference. Prove it by sending a real
-	// change afterwards and seeing only that one.
-	e.src.Set("n1", "service/default/b", "b2", t0)
-	e.src.Set("n1", "service/default/c", "c1", t0)
-	expectDelta(t, a.delta(), []string{"service/default/c@c1"}, nil)
+		// A change that reverts before it is sent produces no Delta: setting b to
+		// b2 again (same version) is not a difference. Prove it by sending a real
+		// change afterwards and seeing only that one.
+		e.src.Set("n1", "service/default/b", "b2", t0)
+		e.src.Set("n1", "service/default/c", "c1", t0)
+		expectDelta(t, a.delta(), []string{"service/default/c@c1"}, nil)
+	})
 }
 
 func TestNackedVersionNotResentUntilChanged(t *testing.T) {
-	e := newEnv(t, false)
-	e.src.Set("n1", "service/default/a", "a1", t0)
-	e.src.Set("n1", "service/default/b", "b1", t0)
-	a := e.open()
-	a.hello("n1", nil)
-	d := a.delta()
-	a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "ipvs: no such scheduler"})
-	ev := e.waitAck(d.GetNonce())
-	if ev.Status != vsplanev1.AckStatus_ACK_STATUS_NACK {
-		t.Fatalf("status = %v", ev.Status)
-	}
-	info, _ := e.srv.Registry().Agent("n1")
-	if info.GetNacks() != 1 || !strings.Contains(info.GetLastNackError(), "no such scheduler") ||
-		info.GetAcknowledgedVersions()["service/default/b"] != "b1" || info.GetPendingResources() != 1 {
-		t.Fatalf("agent info after NACK = %v", info)
-	}
+	bothPaths(t, func(t *testing.T, versioned bool) {
+		e := newEnv(t, false, versioned)
+		e.src.Set("n1", "service/default/a", "a1", t0)
+		e.src.Set("n1", "service/default/b", "b1", t0)
+		a := e.open()
+		a.hello("n1", nil)
+		d := a.delta()
+		a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "ipvs: no such scheduler"})
+		ev := e.waitAck(d.GetNonce())
+		if ev.Status != vsplanev1.AckStatus_ACK_STATUS_NACK {
+			t.Fatalf("status = %v", ev.Status)
+		}
+		info, _ := e.srv.Registry().Agent("n1")
+		if info.GetNacks() != 1 || !strings.Contains(info.GetLastNackError(), "no such scheduler") ||
+			info.GetAcknowledgedVersions()["service/default/b"] != "b1" || info.GetPendingResources() != 1 {
+			t.Fatalf("agent info after NACK = %v", info)
+		}
 
-	// Another change: only b is sent; a@a1 is not retried.
-	e.src.Set("n1", "service/default/b", "b2", t0)
-	d = a.delta()
-	expectDelta(t, d, []string{"service/default/b@b2"}, nil)
-	a.ack(d.GetNonce())
-	e.waitAck(d.GetNonce())
+		// Another change: only b is sent; a@a1 is not retried.
+		e.src.Set("n1", "service/default/b", "b2", t0)
+		d = a.delta()
+		expectDelta(t, d, []string{"service/default/b@b2"}, nil)
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
 
-	// A change of a's content (a new version) is sent.
-	e.src.Set("n1", "service/default/a", "a2", t0)
-	d = a.delta()
-	expectDelta(t, d, []string{"service/default/a@a2"}, nil)
-	a.ack(d.GetNonce())
-	e.waitAck(d.GetNonce())
-	info, _ = e.srv.Registry().Agent("n1")
-	if info.GetPendingResources() != 0 || info.GetAcknowledgedVersions()["service/default/a"] != "a2" {
-		t.Fatalf("agent info after fix = %v", info)
-	}
+		// A change of a's content (a new version) is sent.
+		e.src.Set("n1", "service/default/a", "a2", t0)
+		d = a.delta()
+		expectDelta(t, d, []string{"service/default/a@a2"}, nil)
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
+		info, _ = e.srv.Registry().Agent("n1")
+		if info.GetPendingResources() != 0 || info.GetAcknowledgedVersions()["service/default/a"] != "a2" {
+			t.Fatalf("agent info after fix = %v", info)
+		}
+	})
 }
 
 func TestSlowAgentGetsCoalescedDelta(t *testing.T) {
-	e := newEnv(t, false)
-	e.src.Set("n1", "service/default/a", "a1", t0)
-	a := e.open()
-	a.hello("n1", nil)
-	first := a.delta()
-	// While the first Delta is unacknowledged, many changes happen.
-	for i, v := range []string{"a2", "a3", "a4"} {
-		e.src.Set("n1", "service/default/a", v, t0.Add(time.Duration(i)*time.Second))
-	}
-	e.src.Set("n1", "service/default/b", "b1", t0)
-	e.src.Set("n1", "service/default/c", "c1", t0)
-	e.src.Delete("n1", "service/default/c") // cancels out: never sent
-	a.ack(first.GetNonce())
-	d := a.delta()
-	expectDelta(t, d, []string{"service/default/a@a4", "service/default/b@b1"}, nil)
+	bothPaths(t, func(t *testing.T, versioned bool) {
+		e := newEnv(t, false, versioned)
+		e.src.Set("n1", "service/default/a", "a1", t0)
+		a := e.open()
+		a.hello("n1", nil)
+		first := a.delta()
+		// While the first Delta is unacknowledged, many changes happen.
+		for i, v := range []string{"a2", "a3", "a4"} {
+			e.src.Set("n1", "service/default/a", v, t0.Add(time.Duration(i)*time.Second))
+		}
+		e.src.Set("n1", "service/default/b", "b1", t0)
+		e.src.Set("n1", "service/default/c", "c1", t0)
+		e.src.Delete("n1", "service/default/c") // cancels out: never sent
+		a.ack(first.GetNonce())
+		d := a.delta()
+		expectDelta(t, d, []string{"service/default/a@a4", "service/default/b@b1"}, nil)
+	})
 }
 
 func TestUnknownNodeWaitsThenGetsState(t *testing.T) {
-	e := newEnv(t, false)
-	a := e.open()
-	a.hello("late", map[string]string{"service/default/old": "o1"})
-	waitFor(t, func() bool { return e.src.Subscribers("late") == 1 })
-	if _, ok := e.srv.Registry().Agent("late"); !ok {
-		t.Fatal("agent of an unknown node must still be registered")
-	}
-	e.src.Set("late", "node/settings", "s1", time.Time{})
-	// Full diff on appearance: the old resource the agent holds is removed.
-	expectDelta(t, a.delta(), []string{"node/settings@s1"}, []string{"service/default/old"})
+	bothPaths(t, func(t *testing.T, versioned bool) {
+		e := newEnv(t, false, versioned)
+		a := e.open()
+		a.hello("late", map[string]string{"service/default/old": "o1"})
+		waitFor(t, func() bool { return e.src.Subscribers("late") == 1 })
+		if _, ok := e.srv.Registry().Agent("late"); !ok {
+			t.Fatal("agent of an unknown node must still be registered")
+		}
+		e.src.Set("late", "node/settings", "s1", time.Time{})
+		// Full diff on appearance: the old resource the agent holds is removed.
+		expectDelta(t, a.delta(), []string{"node/settings@s1"}, []string{"service/default/old"})
+	})
 }
 
 func TestNodeDisappearingRemovesNothing(t *testing.T) {
-	e := newEnv(t, false)
-	e.src.Set("n1", "service/default/a", "a1", t0)
-	a := e.open()
-	a.hello("n1", nil)
-	d := a.delta()
-	a.ack(d.GetNonce())
-	e.waitAck(d.GetNonce())
-	e.src.RemoveNode("n1")
-	// Node back with a different set: a full diff against what was sent.
-	e.src.Set("n1", "service/default/b", "b1", t0)
-	expectDelta(t, a.delta(), []string{"service/default/b@b1"}, []string{"service/default/a"})
+	bothPaths(t, func(t *testing.T, versioned bool) {
+		e := newEnv(t, false, versioned)
+		e.src.Set("n1", "service/default/a", "a1", t0)
+		a := e.open()
+		a.hello("n1", nil)
+		d := a.delta()
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
+		e.src.RemoveNode("n1")
+		// Node back with a different set: a full diff against what was sent.
+		e.src.Set("n1", "service/default/b", "b1", t0)
+		expectDelta(t, a.delta(), []string{"service/default/b@b1"}, []string{"service/default/a"})
+	})
 }
 
 func TestMalformedMessagesAreInvalidArgument(t *testing.T) {

@@ -295,16 +295,27 @@ func (ss *session) maybeSend() error {
 	if !ss.needFull && len(ss.dirty) == 0 {
 		return nil
 	}
+	if svr, ok := ss.s.src.(SystemVersioner); ok && !ss.needFull {
+		// Incremental: O(dirty names).
+		sysVersion, known := svr.SystemVersion(ss.node)
+		if !known {
+			ss.nodeUnknown()
+			return nil
+		}
+		names := slices.Sorted(maps.Keys(ss.dirty))
+		clear(ss.dirty)
+		var upserts []*vsplanev1.Resource
+		var removed []string
+		for _, name := range names {
+			r, found := ss.s.src.Get(ss.node, name)
+			upserts, removed = ss.decide(name, r, found, upserts, removed)
+		}
+		return ss.maybeSendDelta(upserts, removed, sysVersion)
+	}
+
 	res, sysVersion, ok := ss.s.src.List(ss.node)
 	if !ok {
-		if ss.known {
-			ss.log.Warn("node disappeared from the desired state; keeping the agent's state")
-		} else if !ss.firstSent && len(ss.dirty) == 0 {
-			ss.log.Info("node not known yet; waiting for it to appear")
-		}
-		ss.known = false
-		ss.needFull = true
-		clear(ss.dirty)
+		ss.nodeUnknown()
 		return nil
 	}
 	if !ss.known && ss.firstSent {
@@ -321,11 +332,10 @@ func (ss *session) maybeSend() error {
 		for n := range ss.sent {
 			set[n] = struct{}{}
 		}
-		names = slices.Collect(maps.Keys(set))
+		names = slices.Sorted(maps.Keys(set))
 	} else {
-		names = slices.Collect(maps.Keys(ss.dirty))
+		names = slices.Sorted(maps.Keys(ss.dirty))
 	}
-	sort.Strings(names)
 	clear(ss.dirty)
 	ss.needFull = false
 
@@ -333,19 +343,49 @@ func (ss *session) maybeSend() error {
 	var removed []string
 	for _, name := range names {
 		i, found := sort.Find(len(res), func(i int) int { return strings.Compare(name, res[i].GetName()) })
+		var r *vsplanev1.Resource
 		if found {
-			r := res[i]
-			if v, ok := ss.sent[name]; ok && v == r.GetVersion() {
-				continue
-			}
-			if v, ok := ss.nacked[name]; ok && v == r.GetVersion() {
-				continue
-			}
-			upserts = append(upserts, r)
-		} else if _, held := ss.sent[name]; held {
-			removed = append(removed, name)
+			r = res[i]
 		}
+		upserts, removed = ss.decide(name, r, found, upserts, removed)
 	}
+	return ss.maybeSendDelta(upserts, removed, sysVersion)
+}
+
+// nodeUnknown handles a node absent from the Source: nothing is sent or
+// removed (fail-static); the next appearance gets a full diff.
+func (ss *session) nodeUnknown() {
+	if ss.known {
+		ss.log.Warn("node disappeared from the desired state; keeping the agent's state")
+	} else if !ss.firstSent && ss.needFull && len(ss.dirty) == 0 {
+		ss.log.Info("node not known yet; waiting for it to appear")
+	}
+	ss.known = false
+	ss.needFull = true
+	clear(ss.dirty)
+}
+
+// decide appends name to upserts or removed if the agent needs it: desired
+// (found) with a version other than the one sent and not a NACKed one, or
+// not desired but held by the agent.
+func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
+	upserts []*vsplanev1.Resource, removed []string) ([]*vsplanev1.Resource, []string) {
+	if found {
+		if v, ok := ss.sent[name]; ok && v == r.GetVersion() {
+			return upserts, removed
+		}
+		if v, ok := ss.nacked[name]; ok && v == r.GetVersion() {
+			return upserts, removed
+		}
+		return append(upserts, r), removed
+	}
+	if _, held := ss.sent[name]; held {
+		removed = append(removed, name)
+	}
+	return upserts, removed
+}
+
+func (ss *session) maybeSendDelta(upserts []*vsplanev1.Resource, removed []string, sysVersion string) error {
 	if len(upserts) == 0 && len(removed) == 0 && ss.firstSent {
 		return nil
 	}

@@ -32,10 +32,15 @@ type env struct {
 
 // newEnv serves a stream.Server over bufconn (realSocket=false) or a real
 // 127.0.0.1 TCP socket (realSocket=true), through grpcserver.New.
-func newEnv(t *testing.T, realSocket bool) *env {
+// versioned=true wraps the source in streamtest.Versioned (incremental path).
+func newEnv(t *testing.T, realSocket bool, versioned ...bool) *env {
 	t.Helper()
 	e := &env{t: t, src: streamtest.New(), acks: make(chan stream.AckEvent, 100)}
-	e.srv = stream.NewServer(e.src, stream.Options{
+	var src stream.Source = e.src
+	if len(versioned) > 0 && versioned[0] {
+		src = streamtest.Versioned{Source: e.src}
+	}
+	e.srv = stream.NewServer(src, stream.Options{
 		Logger: zaptest.NewLogger(t),
 		Hooks:  stream.Hooks{OnAck: func(ev stream.AckEvent) { e.acks <- ev }},
 	})
@@ -208,4 +213,10 @@ func statusCode(t *testing.T, err error) codes.Code {
 		t.Fatalf("not a gRPC status error: %v", err)
 	}
 	return s.Code()
+}
+
+// bothPaths runs f against a List-only Source and a SystemVersioner Source.
+func bothPaths(t *testing.T, f func(t *testing.T, versioned bool)) {
+	t.Run("list", func(t *testing.T) { f(t, false) })
+	t.Run("versioned", func(t *testing.T) { f(t, true) })
 }

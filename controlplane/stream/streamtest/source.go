@@ -195,3 +195,19 @@ func (b *sub) Close() {
 	defer b.src.mu.Unlock()
 	b.src.subs[b.node] = slices.DeleteFunc(b.src.subs[b.node], func(x *sub) bool { return x == b })
 }
+
+// Versioned is a Source that also implements stream.SystemVersioner, so the
+// stream server takes its incremental (Get per changed name) path.
+type Versioned struct{ *Source }
+
+var _ stream.SystemVersioner = Versioned{}
+
+// SystemVersion implements stream.SystemVersioner.
+func (v Versioned) SystemVersion(node string) (string, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.nodes[node]; !ok {
+		return "", false
+	}
+	return strconv.Itoa(v.sysVer[node]), true
+}
