@@ -205,6 +205,9 @@ func TestFailStaticBeforeFirstDelta(t *testing.T) {
 	}
 	mk.ResetCalls()
 	r := newReconciler(t, mk, Config{Period: time.Millisecond, RetryBase: time.Millisecond})
+	if ack := r.Apply(context.Background(), nil); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK {
+		t.Errorf("nil delta acked: %v", ack)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = r.Run(ctx); close(done) }()

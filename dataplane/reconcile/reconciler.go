@@ -147,6 +147,11 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 
 // Apply implements client.Applier.
 func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplanev1.Ack {
+	if delta == nil {
+		// Never read a missing delta as "the node has no services".
+		return &vsplanev1.Ack{Status: vsplanev1.AckStatus_ACK_STATUS_NACK,
+			Errors: []*vsplanev1.ResourceError{{Message: "nil delta"}}}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	start := time.Now()
