@@ -572,3 +572,34 @@ func TestDualStack(t *testing.T) {
 		t.Errorf("IPv4-only agent accepted an IPv6 service: %v", ack)
 	}
 }
+
+func TestSharedItemsStayWhileWanted(t *testing.T) {
+	mk := memory.New()
+	r := newReconciler(t, mk, Config{})
+	// Two Services whose ExternalIP is the same address (different ports)
+	// and that both list the same hairpin entry.
+	res := func(name string, port uint32) *vsplanev1.Resource {
+		return &vsplanev1.Resource{Name: "service/default/" + name, Version: "1", Body: &vsplanev1.Resource_Service{Service: &vsplanev1.ServiceState{
+			VirtualServers: []*vsplanev1.VirtualServer{{
+				Kind: vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, Address: "198.18.9.9", Port: port,
+				Protocol: vsplanev1.Protocol_PROTOCOL_TCP, Binding: vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL,
+				RealServers: []*vsplanev1.RealServer{{Address: "198.19.1.2", Port: 80, Weight: 1}},
+			}},
+			IpsetEntries: []*vsplanev1.IPSetEntry{{Set: vsplanev1.IPSet_IP_SET_LOOP_BACK, Ip: "198.19.1.2", Port: 80,
+				Protocol: vsplanev1.Protocol_PROTOCOL_TCP, Ip2: "198.19.1.2"}},
+		}}}
+	}
+	mustAck(t, apply(t, r, full(res("x", 80), res("y", 443))))
+	mk.ResetCalls()
+	ack := apply(t, r, &vsplanev1.Delta{Nonce: "2", Removed: []string{"service/default/x"}})
+	mustAck(t, ack)
+	if d := cmp.Diff(map[string]uint32{OpDeleteService: 1}, ops(ack.GetKernelOperations())); d != "" {
+		t.Errorf("kernel_operations (-want +got):\n%s", d)
+	}
+	st := readState(t, mk)
+	if !slices.Equal(st.Bound, []string{"198.18.9.9"}) || len(st.Sets["KUBE-LOOP-BACK"]) != 1 {
+		t.Errorf("shared address/entry removed while still wanted: %+v", st)
+	}
+	mustAck(t, apply(t, r, &vsplanev1.Delta{Nonce: "3", Removed: []string{"service/default/y"}}))
+	wantState(t, mk, kernelState{Services: map[string][]string{}, Sets: map[string][]string{}})
+}

@@ -168,9 +168,10 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 			continue
 		}
 		rs := compile(res, r.families)
+		_, failed := r.failed[name]
+		oldApplied := !failed && r.applied[name] != ""
 		old := r.store.put(name, rs)
-		t.add(name, old)
-		t.add(name, rs)
+		t.addChange(name, old, rs, oldApplied && old != nil && r.applied[name] == old.version)
 		inDelta[name] = true
 		changed = appendOnce(changed, name)
 	}

@@ -160,6 +160,55 @@ func (t *touched) add(name string, rs *resourceState) {
 	}
 }
 
+// addChange records what differs between old and cur of resource name.
+// Items both versions want identically are skipped: old was applied
+// successfully, so they are already right (drift is the full pass's job).
+// Without a trusted old (nil, or it had failed) everything is touched.
+func (t *touched) addChange(name string, old, cur *resourceState, oldApplied bool) {
+	if old == nil || cur == nil || !oldApplied {
+		t.add(name, old)
+		t.add(name, cur)
+		return
+	}
+	touchVS := func(key kernel.VirtualServerKey, addr bool) {
+		t.vss[key] = appendOnce(t.vss[key], name)
+		if addr {
+			t.addrs[key.Address] = appendOnce(t.addrs[key.Address], name)
+		}
+	}
+	for key, o := range old.vss {
+		c, ok := cur.vss[key]
+		switch {
+		case !ok:
+			touchVS(key, true)
+		case !sameVS(o, c):
+			touchVS(key, o.binding != c.binding)
+		}
+	}
+	for key := range cur.vss {
+		if _, ok := old.vss[key]; !ok {
+			touchVS(key, true)
+		}
+	}
+	oldEntries := make(map[entryKey]bool, len(old.entries))
+	for _, e := range old.entries {
+		oldEntries[e] = true
+	}
+	for _, e := range cur.entries {
+		if !oldEntries[e] {
+			t.entries[e] = appendOnce(t.entries[e], name)
+		}
+		delete(oldEntries, e)
+	}
+	for e := range oldEntries {
+		t.entries[e] = appendOnce(t.entries[e], name)
+	}
+}
+
+func sameVS(a, b desiredVS) bool {
+	return a.vs == b.vs && a.binding == b.binding && slices.Equal(a.dests, b.dests)
+}
+
 func appendOnce(list []string, name string) []string {
 	if slices.Contains(list, name) {
 		return list

@@ -1,0 +1,80 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// benchServices builds n ClusterIP services in 198.18.0.0/16 with 3
+// endpoints each.
+func benchServices(n int) []*vsplanev1.Resource {
+	out := make([]*vsplanev1.Resource, 0, n)
+	for i := range n {
+		vip := fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)
+		s := tcp(fmt.Sprintf("s%d", i), vip, 80,
+			be(fmt.Sprintf("198.19.1.%d", i%250+1), 8080),
+			be(fmt.Sprintf("198.19.2.%d", i%250+1), 8080),
+			be(fmt.Sprintf("198.19.3.%d", i%250+1), 8080))
+		out = append(out, s.resource())
+	}
+	return out
+}
+
+func benchSetup(b *testing.B, n int) (*memory.Kernel, *Reconciler, []*vsplanev1.Resource) {
+	b.Helper()
+	mk := memory.New()
+	r, err := New(mk.Kernel(), Config{}, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	res := benchServices(n)
+	if ack := r.Apply(context.Background(), full(res...)); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		b.Fatalf("setup: %v", ack.GetErrors())
+	}
+	return mk, r, res
+}
+
+// BenchmarkApplyOneEndpointChange: cost of one changed Service among n,
+// which should not grow with n (only the touched items are synced).
+func BenchmarkApplyOneEndpointChange(b *testing.B) {
+	for _, n := range []int{100, 2000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			_, r, _ := benchSetup(b, n)
+			ctx := context.Background()
+			variants := [2]*vsplanev1.Resource{
+				tcp("s0", "198.18.0.1", 80, be("198.19.1.1", 8080)).resource(),
+				tcp("s0", "198.18.0.1", 80, be("198.19.9.9", 8080)).resource(),
+			}
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				ack := r.Apply(ctx, &vsplanev1.Delta{Nonce: "x", Resources: []*vsplanev1.Resource{variants[i%2]}})
+				if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+					b.Fatal(ack.GetErrors())
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFullReconcileClean: a periodic pass over n services with no
+// drift (reads only).
+func BenchmarkFullReconcileClean(b *testing.B) {
+	for _, n := range []int{100, 2000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			mk, r, _ := benchSetup(b, n)
+			mk.ResetCalls()
+			for b.Loop() {
+				r.Reconcile(context.Background())
+			}
+			if w := writes(mk); len(w) != 0 {
+				b.Fatalf("clean reconcile wrote %v", w)
+			}
+		})
+	}
+}
