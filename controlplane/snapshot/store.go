@@ -120,6 +120,12 @@ type op struct {
 // Batch collects writes applied together by Commit. Not safe for concurrent use.
 type Batch struct{ ops []op }
 
+// Reset empties the batch, keeping its capacity.
+func (b *Batch) Reset() {
+	clear(b.ops)
+	b.ops = b.ops[:0]
+}
+
 // Len returns the number of queued writes.
 func (b *Batch) Len() int { return len(b.ops) }
 

@@ -1,0 +1,406 @@
+// Package engine ties the control plane together: it consumes coalesced
+// changes from watch, keeps the cluster model, recomputes only the Services
+// a change touches (once per distinct per-node variant) and writes the
+// per-node snapshot store.
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/snapshot"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/controlplane/watch"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// Config configures the engine.
+type Config struct {
+	// Translate is the cluster-wide configuration passed to the translator.
+	Translate translate.Config
+	// Metrics, if set, receives the engine's metrics.
+	Metrics prometheus.Registerer
+}
+
+// Engine implements watch.Sink. Apply must not be called concurrently with
+// itself (watch guarantees this); the query methods may be called any time.
+type Engine struct {
+	cfg   Config
+	log   *zap.Logger
+	store *snapshot.Store
+
+	mu         sync.RWMutex
+	services   map[model.ServiceKey]*serviceEntry
+	sliceOwner map[model.SliceKey]model.ServiceKey
+	nodes      map[string]*nodeEntry
+	batch      snapshot.Batch
+
+	invalid      *prometheus.CounterVec
+	applySeconds prometheus.Histogram
+	translations prometheus.Counter
+}
+
+type serviceEntry struct {
+	svc           *model.Service
+	svcProblems   []model.Problem
+	slices        map[model.SliceKey]*model.EndpointSlice
+	sliceProblems map[model.SliceKey][]model.Problem
+	// Derived by recompute, reused for nodes that appear later.
+	in       translate.Input
+	variants translate.Variants
+	common   *vsplanev1.Resource
+}
+
+type nodeEntry struct {
+	node *model.Node
+}
+
+var _ watch.Sink = (*Engine)(nil)
+
+// New returns an engine writing to store. It fails only if registering the
+// metrics fails.
+func New(cfg Config, store *snapshot.Store, log *zap.Logger) (*Engine, error) {
+	cfg.Translate = cfg.Translate.WithDefaults()
+	e := &Engine{
+		cfg:        cfg,
+		log:        log,
+		store:      store,
+		services:   map[model.ServiceKey]*serviceEntry{},
+		sliceOwner: map[model.SliceKey]model.ServiceKey{},
+		nodes:      map[string]*nodeEntry{},
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vsplane_controlplane_invalid_objects_total",
+			Help: "Kubernetes objects (or parts of them) skipped because the translator cannot use them.",
+		}, []string{"kind", "reason"}),
+		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "vsplane_controlplane_apply_seconds",
+			Help:    "Time to apply one batch of changes to the model and the store.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+		translations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vsplane_controlplane_translations_total",
+			Help: "Service translations computed (one per distinct per-node variant).",
+		}),
+	}
+	if cfg.Metrics != nil {
+		for _, c := range []prometheus.Collector{e.invalid, e.applySeconds, e.translations} {
+			if err := cfg.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("engine: registering metrics: %w", err)
+			}
+		}
+	}
+	return e, nil
+}
+
+// Apply updates the model from one batch and writes every affected
+// (node, resource) to the store in one commit.
+func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
+	start := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	dirty := map[model.ServiceKey]time.Time{} // service -> earliest trigger
+	markDirty := func(k model.ServiceKey, t time.Time) {
+		if old, ok := dirty[k]; !ok || (!t.IsZero() && t.Before(old)) {
+			dirty[k] = t
+		}
+	}
+	b := &e.batch
+	b.Reset()
+
+	// Nodes first, so Services recomputed below see the new node set.
+	fresh := map[string]time.Time{} // nodes that need every Service
+	for name, c := range ch.Nodes {
+		report(e, c.Current)
+		if c.Current == nil || c.Current.Value == nil {
+			if _, ok := e.nodes[name]; ok {
+				delete(e.nodes, name)
+				b.RemoveNode(name)
+			}
+			continue
+		}
+		n := c.Current.Value
+		old, had := e.nodes[name]
+		e.nodes[name] = &nodeEntry{node: n}
+		if !had {
+			b.AddNode(name)
+			fresh[name] = c.Trigger
+		} else if old.node.Zone != n.Zone {
+			// The zone may select different endpoints (topology): redo all.
+			fresh[name] = c.Trigger
+		}
+		e.setNodeSettings(b, n, c.Trigger)
+	}
+
+	for key, c := range ch.Slices {
+		report(e, c.Current)
+		if owner, ok := e.sliceOwner[key]; ok {
+			if se := e.services[owner]; se != nil {
+				delete(se.slices, key)
+				delete(se.sliceProblems, key)
+				e.gc(owner, se)
+			}
+			delete(e.sliceOwner, key)
+			markDirty(owner, c.Trigger)
+		}
+		if c.Current == nil || c.Current.Value == nil {
+			continue
+		}
+		sl := c.Current.Value
+		se := e.entry(sl.Service)
+		se.slices[key] = sl
+		if len(c.Current.Problems) > 0 {
+			se.sliceProblems[key] = c.Current.Problems
+		}
+		e.sliceOwner[key] = sl.Service
+		markDirty(sl.Service, c.Trigger)
+	}
+
+	for key, c := range ch.Services {
+		report(e, c.Current)
+		se := e.entry(key)
+		se.svc, se.svcProblems = nil, nil
+		if c.Current != nil {
+			se.svc, se.svcProblems = c.Current.Value, c.Current.Problems
+		}
+		e.gc(key, se)
+		markDirty(key, c.Trigger)
+	}
+
+	if ch.Periodic {
+		// Self-check: recompute everything; unchanged content costs no
+		// notifications because the store compares versions.
+		for key := range e.services {
+			markDirty(key, time.Time{})
+		}
+		for _, ne := range e.nodes {
+			e.setNodeSettings(b, ne.node, time.Time{})
+		}
+	}
+
+	for key, trig := range dirty {
+		e.recompute(b, key, trig, fresh)
+	}
+	for name, trig := range fresh {
+		e.fillNode(b, e.nodes[name].node, trig)
+	}
+	st := e.store.Commit(b)
+	b.Reset()
+	e.applySeconds.Observe(time.Since(start).Seconds())
+	if e.log.Core().Enabled(zap.DebugLevel) {
+		e.log.Debug("applied changes", zap.Int("services", len(ch.Services)), zap.Int("endpointSlices", len(ch.Slices)),
+			zap.Int("nodes", len(ch.Nodes)), zap.Int("recomputed", len(dirty)), zap.Int("storeChanges", st.Changed),
+			zap.Duration("took", time.Since(start)))
+	}
+	return nil
+}
+
+// entry returns (creating) the entry of a Service.
+func (e *Engine) entry(k model.ServiceKey) *serviceEntry {
+	se := e.services[k]
+	if se == nil {
+		se = &serviceEntry{slices: map[model.SliceKey]*model.EndpointSlice{}, sliceProblems: map[model.SliceKey][]model.Problem{}}
+		e.services[k] = se
+	}
+	return se
+}
+
+// gc drops an entry nothing refers to any more (after its resources were
+// deleted by recompute; recompute handles a missing entry as "deleted").
+func (e *Engine) gc(k model.ServiceKey, se *serviceEntry) {
+	if se.svc == nil && len(se.slices) == 0 && len(se.svcProblems) == 0 {
+		delete(e.services, k)
+	}
+}
+
+// recompute translates Service k once per variant and sets it on every
+// known node except those in skip (they get everything in fillNode).
+func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time, skip map[string]time.Time) {
+	name := snapshot.ServiceName(k.Namespace, k.Name)
+	se := e.services[k]
+	if se == nil || se.svc == nil {
+		if se != nil {
+			se.in, se.variants, se.common = translate.Input{}, translate.Variants{}, nil
+		}
+		for n := range e.nodes {
+			if _, ok := skip[n]; !ok {
+				b.Delete(n, name)
+			}
+		}
+		return
+	}
+	se.in = translate.Input{Service: se.svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
+	se.variants = translate.VariantsOf(se.in)
+	se.common = nil
+	for n, ne := range e.nodes {
+		if _, ok := skip[n]; ok {
+			continue
+		}
+		if r := e.variantFor(se, ne.node); r != nil {
+			b.Set(n, r, trig)
+		}
+	}
+}
+
+// fillNode sets every Service on a node that just appeared (or whose zone
+// changed), reusing each Service's common variant. The node's change is the
+// trigger: an old Service first sent to a new node is not old news for it.
+func (e *Engine) fillNode(b *snapshot.Batch, n *model.Node, nodeTrig time.Time) {
+	for k, se := range e.services {
+		if se.svc == nil {
+			b.Delete(n.Name, snapshot.ServiceName(k.Namespace, k.Name))
+			continue
+		}
+		if se.in.Service == nil { // not derived yet (cannot happen after recompute, kept for safety)
+			se.in = translate.Input{Service: se.svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
+			se.variants = translate.VariantsOf(se.in)
+		}
+		if r := e.variantFor(se, n); r != nil {
+			b.Set(n.Name, r, nodeTrig)
+		}
+	}
+}
+
+// variantFor returns the resource of se for node n: the cached common
+// variant, or a per-node translation.
+func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource {
+	key := se.variants.Key(n)
+	if key == "" && se.common != nil {
+		return se.common
+	}
+	r, err := snapshot.NewServiceResource(translate.Service(se.in, n, e.cfg.Translate))
+	e.translations.Inc()
+	if err != nil {
+		// Only a proto encoding failure can get here; record it loudly.
+		e.log.Error("building service resource failed", zap.Stringer("service", se.svc.Key), zap.String("node", n.Name), zap.Error(err))
+		e.invalid.WithLabelValues("Service", "encode_error").Inc()
+		return nil
+	}
+	if key == "" {
+		se.common = r
+	}
+	return r
+}
+
+func (e *Engine) setNodeSettings(b *snapshot.Batch, n *model.Node, trig time.Time) {
+	r, err := snapshot.NewNodeSettingsResource(translate.NodeSettings(n, e.cfg.Translate))
+	if err != nil {
+		e.log.Error("building node settings failed", zap.String("node", n.Name), zap.Error(err))
+		e.invalid.WithLabelValues("Node", "encode_error").Inc()
+		return
+	}
+	b.Set(n.Name, r, trig)
+}
+
+// report logs and counts the problems of a converted object.
+func report[T any](e *Engine, o *watch.Observed[T]) {
+	if o == nil {
+		return
+	}
+	for _, p := range o.Problems {
+		e.invalid.WithLabelValues(p.Kind, string(p.Reason)).Inc()
+		e.log.Warn("invalid object", zap.String("kind", p.Kind), zap.String("object", p.Object),
+			zap.String("reason", string(p.Reason)), zap.String("detail", p.Detail), zap.Bool("partial", p.Dropped))
+	}
+}
+
+func sortedSlices(m map[model.SliceKey]*model.EndpointSlice) []*model.EndpointSlice {
+	out := make([]*model.EndpointSlice, 0, len(m))
+	for _, s := range m {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *model.EndpointSlice) int {
+		if a.Key.Name < b.Key.Name {
+			return -1
+		}
+		if a.Key.Name > b.Key.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func problemStrings(se *serviceEntry) []string {
+	var out []string
+	for _, p := range se.svcProblems {
+		out = append(out, p.String())
+	}
+	keys := make([]model.SliceKey, 0, len(se.sliceProblems))
+	for k := range se.sliceProblems {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b model.SliceKey) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	for _, k := range keys {
+		for _, p := range se.sliceProblems[k] {
+			out = append(out, p.String())
+		}
+	}
+	return out
+}
+
+// Problems returns the conversion problems of a Service and its
+// EndpointSlices (nil if none), for the inspection API.
+func (e *Engine) Problems(k model.ServiceKey) []model.Problem {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	se := e.services[k]
+	if se == nil {
+		return nil
+	}
+	out := slices.Clone(se.svcProblems)
+	for _, ps := range se.sliceProblems {
+		out = append(out, ps...)
+	}
+	return out
+}
+
+// AllProblems returns the problems of every Service that has any.
+func (e *Engine) AllProblems() map[model.ServiceKey][]model.Problem {
+	e.mu.RLock()
+	keys := make([]model.ServiceKey, 0)
+	for k, se := range e.services {
+		if len(se.svcProblems) > 0 || len(se.sliceProblems) > 0 {
+			keys = append(keys, k)
+		}
+	}
+	e.mu.RUnlock()
+	out := make(map[model.ServiceKey][]model.Problem, len(keys))
+	for _, k := range keys {
+		if p := e.Problems(k); len(p) > 0 {
+			out[k] = p
+		}
+	}
+	return out
+}
+
+// Counts describe the model's size.
+type Counts struct{ Services, Nodes int }
+
+// Counts returns how many Services (programmed) and Nodes the model holds.
+func (e *Engine) Counts() Counts {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	c := Counts{Nodes: len(e.nodes)}
+	for _, se := range e.services {
+		if se.svc != nil {
+			c.Services++
+		}
+	}
+	return c
+}

@@ -1,0 +1,270 @@
+package engine
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/snapshot"
+	"github.com/vsplane/vsplane/controlplane/watch"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+func newEngine(t *testing.T) (*Engine, *snapshot.Store, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	st := snapshot.NewStore()
+	e, err := New(Config{Metrics: reg}, st, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, st, reg
+}
+
+func changes() *watch.Changes {
+	return &watch.Changes{
+		Services: map[model.ServiceKey]watch.Change[model.Service]{},
+		Slices:   map[model.SliceKey]watch.Change[model.EndpointSlice]{},
+		Nodes:    map[string]watch.Change[model.Node]{},
+	}
+}
+
+func addNode(c *watch.Changes, name string) {
+	c.Nodes[name] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{Name: name}}, Trigger: time.Unix(1, 0)}
+}
+
+func delNode(c *watch.Changes, name string) {
+	c.Nodes[name] = watch.Change[model.Node]{Previous: &watch.Observed[model.Node]{Value: &model.Node{Name: name}}}
+}
+
+func setService(c *watch.Changes, name, clusterIP string, trig time.Time) {
+	k := model.ServiceKey{Namespace: "ns", Name: name}
+	c.Services[k] = watch.Change[model.Service]{Trigger: trig, Current: &watch.Observed[model.Service]{Value: &model.Service{
+		Key: k, ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
+	}}}
+}
+
+func setSlice(c *watch.Changes, svc, slice string, trig time.Time, eps ...model.Endpoint) {
+	k := model.SliceKey{Namespace: "ns", Name: slice}
+	c.Slices[k] = watch.Change[model.EndpointSlice]{Trigger: trig, Current: &watch.Observed[model.EndpointSlice]{Value: &model.EndpointSlice{
+		Key: k, Service: model.ServiceKey{Namespace: "ns", Name: svc}, Family: model.IPv4,
+		Ports: []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}}, Endpoints: eps,
+	}}}
+}
+
+func ready(addr, node string) model.Endpoint {
+	return model.Endpoint{Address: netip.MustParseAddr(addr), NodeName: node, Ready: true, Serving: true}
+}
+
+func apply(t *testing.T, e *Engine, c *watch.Changes) {
+	t.Helper()
+	if err := e.Apply(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func get(t *testing.T, st *snapshot.Store, node, name string) *vsplanev1.Resource {
+	t.Helper()
+	r, ok := st.Get(node, name)
+	if !ok {
+		t.Fatalf("node %s has no %s", node, name)
+	}
+	return r
+}
+
+func listNames(st *snapshot.Store, node string) []string {
+	rs, _, _ := st.List(node)
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+func TestSharedVariantsAndLocalFlags(t *testing.T) {
+	e, st, reg := newEngine(t)
+	c := changes()
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		addNode(c, n)
+	}
+	trig := time.Unix(50, 0)
+	setService(c, "web", "198.18.0.10", trig)
+	setSlice(c, "web", "web-1", time.Unix(40, 0), ready("198.19.1.5", "n1"), ready("198.19.2.5", "n2"))
+	apply(t, e, c)
+
+	const name = "service/ns/web"
+	r1, r2, r3, r4 := get(t, st, "n1", name), get(t, st, "n2", name), get(t, st, "n3", name), get(t, st, "n4", name)
+	if r3 != r4 {
+		t.Error("nodes without endpoints do not share the common value")
+	}
+	if r1 == r3 || r2 == r3 || r1 == r2 {
+		t.Error("nodes hosting endpoints must have their own variants")
+	}
+	if !r1.GetService().VirtualServers[0].RealServers[0].Local || r3.GetService().VirtualServers[0].RealServers[0].Local {
+		t.Error("local flags wrong")
+	}
+	// 3 translations: common, n1, n2 — not one per node.
+	if got := counter(e.translations); got != 3 {
+		t.Errorf("translations = %v, want 3", got)
+	}
+	// A new node's resources carry the node's trigger time.
+	if got := st.TriggerTime("n3", name); !got.Equal(time.Unix(1, 0)) {
+		t.Errorf("trigger %v", got)
+	}
+	if diff := cmp.Diff([]string{"node/settings", name}, listNames(st, "n1")); diff != "" {
+		t.Errorf("n1 resources (-want +got):\n%s", diff)
+	}
+
+	// An endpoint change on n2: n1, n3, n4 keep their values untouched.
+	sub3 := st.Subscribe("n3")
+	defer sub3.Close()
+	c = changes()
+	setSlice(c, "web", "web-1", time.Unix(60, 0), ready("198.19.1.5", "n1"), ready("198.19.2.6", "n2"))
+	apply(t, e, c)
+	// Earliest trigger of the changes behind the new value.
+	if got := st.TriggerTime("n3", name); !got.Equal(time.Unix(60, 0)) {
+		t.Errorf("trigger %v", got)
+	}
+	if n1 := get(t, st, "n1", name); n1 == r1 {
+		t.Error("n1 should see the new remote endpoint")
+	}
+	if diff := cmp.Diff([]string{name}, sub3.Drain()); diff != "" {
+		t.Errorf("n3 notified (-want +got):\n%s", diff)
+	}
+	if a, b := get(t, st, "n3", name), get(t, st, "n4", name); a != b {
+		t.Error("common value not shared after change")
+	}
+
+	// A node joining gets node/settings and the shared common value without a new translation.
+	before := counter(e.translations)
+	c = changes()
+	addNode(c, "n5")
+	apply(t, e, c)
+	if get(t, st, "n5", name) != get(t, st, "n3", name) {
+		t.Error("new node does not share the common value")
+	}
+	if got := counter(e.translations); got != before {
+		t.Errorf("joining node cost %v translations", got-before)
+	}
+	get(t, st, "n5", snapshot.NodeSettingsName)
+
+	// A node leaving is forgotten.
+	c = changes()
+	delNode(c, "n5")
+	apply(t, e, c)
+	if _, _, ok := st.List("n5"); ok {
+		t.Error("deleted node still known")
+	}
+	if got := e.Counts(); got != (Counts{Services: 1, Nodes: 4}) {
+		t.Errorf("counts %+v", got)
+	}
+	_ = reg
+}
+
+func TestServiceDeleteAndSliceMove(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	addNode(c, "n1")
+	setService(c, "a", "198.18.0.1", time.Time{})
+	setService(c, "b", "198.18.0.2", time.Time{})
+	setSlice(c, "a", "s1", time.Time{}, ready("198.19.1.5", "n2"))
+	apply(t, e, c)
+	if rs := get(t, st, "n1", "service/ns/a").GetService().VirtualServers[0].RealServers; len(rs) != 1 {
+		t.Fatalf("a real servers %v", rs)
+	}
+	// The slice's service label changes from a to b.
+	c = changes()
+	setSlice(c, "b", "s1", time.Time{}, ready("198.19.1.5", "n2"))
+	apply(t, e, c)
+	if rs := get(t, st, "n1", "service/ns/a").GetService().VirtualServers[0].RealServers; len(rs) != 0 {
+		t.Errorf("a still has real servers %v", rs)
+	}
+	if rs := get(t, st, "n1", "service/ns/b").GetService().VirtualServers[0].RealServers; len(rs) != 1 {
+		t.Errorf("b real servers %v", rs)
+	}
+	// Deleting Service a removes it from the node; b stays.
+	c = changes()
+	c.Services[model.ServiceKey{Namespace: "ns", Name: "a"}] = watch.Change[model.Service]{}
+	apply(t, e, c)
+	if diff := cmp.Diff([]string{"node/settings", "service/ns/b"}, listNames(st, "n1")); diff != "" {
+		t.Errorf("resources (-want +got):\n%s", diff)
+	}
+	if _, ok := e.services[model.ServiceKey{Namespace: "ns", Name: "a"}]; ok {
+		t.Error("entry of deleted service kept")
+	}
+}
+
+func TestInvalidObjects(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	addNode(c, "n1")
+	setService(c, "good", "198.18.0.1", time.Time{})
+	bad := model.ServiceKey{Namespace: "ns", Name: "bad"}
+	c.Services[bad] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Problems: []model.Problem{
+		{Kind: "Service", Object: "ns/bad", Reason: model.ReasonBadIP, Detail: "no usable cluster IP"}}}}
+	// A slice with a dropped endpoint: the rest is used and the problem shown.
+	setSlice(c, "good", "g1", time.Time{}, ready("198.19.1.5", "n2"))
+	sk := model.SliceKey{Namespace: "ns", Name: "g1"}
+	ch := c.Slices[sk]
+	ch.Current.Problems = []model.Problem{{Kind: "EndpointSlice", Object: "ns/g1", Reason: model.ReasonFamilyMismatch, Detail: "endpoints[1]", Dropped: true}}
+	c.Slices[sk] = ch
+	apply(t, e, c)
+
+	if _, ok := st.Get("n1", "service/ns/bad"); ok {
+		t.Error("invalid service programmed")
+	}
+	good := get(t, st, "n1", "service/ns/good").GetService()
+	if len(good.VirtualServers[0].RealServers) != 1 || len(good.Problems) != 1 {
+		t.Errorf("good service: %v", good)
+	}
+	if p := e.Problems(bad); len(p) != 1 || p[0].Reason != model.ReasonBadIP {
+		t.Errorf("problems of bad: %v", p)
+	}
+	if got := len(e.AllProblems()); got != 2 {
+		t.Errorf("AllProblems has %d services, want 2", got)
+	}
+	if got := counter(e.invalid.WithLabelValues("Service", "bad_ip")); got != 1 {
+		t.Errorf("invalid counter %v", got)
+	}
+	if got := counter(e.invalid.WithLabelValues("EndpointSlice", "family_mismatch")); got != 1 {
+		t.Errorf("invalid counter %v", got)
+	}
+	// Fixing the service clears its problems and programs it.
+	c = changes()
+	setService(c, "bad", "198.18.0.3", time.Time{})
+	apply(t, e, c)
+	get(t, st, "n1", "service/ns/bad")
+	if p := e.Problems(bad); p != nil {
+		t.Errorf("problems after fix: %v", p)
+	}
+}
+
+func TestPeriodicResyncIsQuiet(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	addNode(c, "n1")
+	setService(c, "a", "198.18.0.1", time.Time{})
+	apply(t, e, c)
+	sub := st.Subscribe("n1")
+	defer sub.Close()
+	apply(t, e, &watch.Changes{Periodic: true})
+	if got := sub.Drain(); got != nil {
+		t.Errorf("periodic resync changed %v", got)
+	}
+}
+
+func counter(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,336 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Labels and annotations kube-proxy honours.
+const (
+	// LabelServiceProxyName on a Service (or slice) hands it to another proxy.
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// LabelHeadless marks the EndpointSlices of headless Services.
+	LabelHeadless = "service.kubernetes.io/headless"
+	// AnnotationTriggerTime is the EndpointSlice controller's change trigger time.
+	AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
+	// LabelZone is the Node's zone label.
+	LabelZone = "topology.kubernetes.io/zone"
+)
+
+const maxStickyTimeoutSeconds = 86400
+
+// ConvertService converts a Service. It returns nil and no problems for a
+// Service kube-proxy deliberately does not proxy (headless, ExternalName,
+// service-proxy-name label); nil and problems when the Service is unusable;
+// a Service and problems when only parts (an IP, a port, ...) were dropped.
+func ConvertService(s *corev1.Service) (*Service, []Problem) {
+	if s == nil || !IsProxiedService(s) {
+		return nil, nil
+	}
+	key := ServiceKey{Namespace: s.Namespace, Name: s.Name}
+	var problems []Problem
+	drop := func(r Reason, format string, args ...any) {
+		problems = append(problems, Problem{Kind: "Service", Object: key.String(), Reason: r, Detail: fmt.Sprintf(format, args...), Dropped: true})
+	}
+	out := &Service{Key: key}
+	switch s.Spec.Type {
+	case corev1.ServiceTypeNodePort:
+		out.Type = ServiceTypeNodePort
+	case corev1.ServiceTypeLoadBalancer:
+		out.Type = ServiceTypeLoadBalancer
+	default:
+		out.Type = ServiceTypeClusterIP
+	}
+
+	ips := s.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{s.Spec.ClusterIP}
+	}
+	for i, raw := range ips {
+		ip, err := parseIP(raw)
+		if err != nil {
+			drop(ReasonBadIP, "clusterIPs[%d] %q: %v", i, raw, err)
+			continue
+		}
+		f := FamilyOf(ip)
+		if i < len(s.Spec.IPFamilies) && familyOfAPI(s.Spec.IPFamilies[i]) != f {
+			drop(ReasonFamilyMismatch, "clusterIPs[%d] %s is %s but ipFamilies[%d] is %s", i, ip, f, i, s.Spec.IPFamilies[i])
+			continue
+		}
+		if _, dup := out.ClusterIP(f); dup {
+			drop(ReasonFamilyMismatch, "clusterIPs[%d] %s: second %s cluster IP", i, ip, f)
+			continue
+		}
+		out.ClusterIPs = append(out.ClusterIPs, ip)
+	}
+	if len(out.ClusterIPs) == 0 {
+		return nil, skipAll(problems, key, ReasonBadIP, "no usable cluster IP")
+	}
+
+	for i, p := range s.Spec.Ports {
+		proto, ok := protocolOf(p.Protocol)
+		if !ok {
+			drop(ReasonBadProtocol, "ports[%d] (%q): protocol %q", i, p.Name, p.Protocol)
+			continue
+		}
+		if p.Port < 1 || p.Port > 65535 {
+			drop(ReasonBadPort, "ports[%d] (%q): port %d out of range", i, p.Name, p.Port)
+			continue
+		}
+		if p.NodePort < 0 || p.NodePort > 65535 {
+			drop(ReasonBadPort, "ports[%d] (%q): nodePort %d out of range", i, p.Name, p.NodePort)
+			continue
+		}
+		out.Ports = append(out.Ports, ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port), NodePort: uint16(p.NodePort)})
+	}
+	if len(s.Spec.Ports) > 0 && len(out.Ports) == 0 {
+		return nil, skipAll(problems, key, ReasonNoPorts, "no usable port")
+	}
+
+	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		out.Sticky = true
+		out.StickyTimeoutSeconds = DefaultStickyTimeoutSeconds
+		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			t := *c.ClientIP.TimeoutSeconds
+			if t < 1 || t > maxStickyTimeoutSeconds {
+				drop(ReasonBadAffinity, "sessionAffinityConfig.clientIP.timeoutSeconds %d out of range, using %d", t, DefaultStickyTimeoutSeconds)
+			} else {
+				out.StickyTimeoutSeconds = uint32(t)
+			}
+		}
+	}
+
+	for i, raw := range s.Spec.ExternalIPs {
+		ip, err := parseIP(raw)
+		if err != nil {
+			drop(ReasonBadIP, "externalIPs[%d] %q: %v", i, raw, err)
+			continue
+		}
+		out.ExternalIPs = append(out.ExternalIPs, ip)
+	}
+	for i, ing := range s.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue // hostname-only ingress: nothing to program
+		}
+		// kube-proxy programs only VIP-mode ingress IPs; Proxy mode means the
+		// load balancer delivers to the node, not to the IP.
+		if ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP {
+			continue
+		}
+		ip, err := parseIP(ing.IP)
+		if err != nil {
+			drop(ReasonBadIP, "status.loadBalancer.ingress[%d].ip %q: %v", i, ing.IP, err)
+			continue
+		}
+		out.LoadBalancerIPs = append(out.LoadBalancerIPs, ip)
+	}
+	for i, raw := range s.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(raw))
+		if err != nil {
+			drop(ReasonBadCIDR, "loadBalancerSourceRanges[%d] %q: %v", i, raw, err)
+			continue
+		}
+		out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
+	}
+	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		out.ExternalTrafficPolicy = PolicyLocal
+	}
+	if s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal {
+		out.InternalTrafficPolicy = PolicyLocal
+	}
+	if h := s.Spec.HealthCheckNodePort; h < 0 || h > 65535 {
+		drop(ReasonBadPort, "healthCheckNodePort %d out of range", h)
+	} else {
+		out.HealthCheckNodePort = uint16(h)
+	}
+	if s.Spec.TrafficDistribution != nil {
+		out.TrafficDistribution = *s.Spec.TrafficDistribution
+	}
+	return out, problems
+}
+
+// IsProxiedService reports whether kube-proxy would proxy s at all.
+func IsProxiedService(s *corev1.Service) bool {
+	if _, ok := s.Labels[LabelServiceProxyName]; ok {
+		return false
+	}
+	if s.Spec.Type == corev1.ServiceTypeExternalName {
+		return false
+	}
+	ip := s.Spec.ClusterIP
+	if len(s.Spec.ClusterIPs) > 0 {
+		ip = s.Spec.ClusterIPs[0]
+	}
+	return ip != "" && ip != corev1.ClusterIPNone
+}
+
+// ConvertEndpointSlice converts an EndpointSlice. It returns nil and no
+// problems for slices deliberately ignored (FQDN address type, other proxy,
+// headless); nil and problems when unusable; otherwise the slice with the
+// bad ports/endpoints dropped and the problems describing them.
+func ConvertEndpointSlice(es *discoveryv1.EndpointSlice) (*EndpointSlice, []Problem) {
+	if es == nil {
+		return nil, nil
+	}
+	if _, ok := es.Labels[LabelServiceProxyName]; ok {
+		return nil, nil
+	}
+	if _, ok := es.Labels[LabelHeadless]; ok {
+		return nil, nil
+	}
+	key := SliceKey{Namespace: es.Namespace, Name: es.Name}
+	var problems []Problem
+	drop := func(r Reason, format string, args ...any) {
+		problems = append(problems, Problem{Kind: "EndpointSlice", Object: key.String(), Reason: r, Detail: fmt.Sprintf(format, args...), Dropped: true})
+	}
+	var fam Family
+	switch es.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		fam = IPv4
+	case discoveryv1.AddressTypeIPv6:
+		fam = IPv6
+	default:
+		return nil, nil // FQDN slices are not proxied (kube-proxy ignores them too)
+	}
+	svcName := es.Labels[discoveryv1.LabelServiceName]
+	if svcName == "" {
+		return nil, []Problem{{Kind: "EndpointSlice", Object: key.String(), Reason: ReasonNoServiceLabel, Detail: "no " + discoveryv1.LabelServiceName + " label"}}
+	}
+	out := &EndpointSlice{Key: key, Service: ServiceKey{Namespace: es.Namespace, Name: svcName}, Family: fam}
+	for i, p := range es.Ports {
+		if p.Name == nil {
+			drop(ReasonBadPort, "ports[%d]: nil name", i)
+			continue
+		}
+		if p.Port == nil || *p.Port < 1 || *p.Port > 65535 {
+			drop(ReasonBadPort, "ports[%d] (%q): port missing or out of range", i, *p.Name)
+			continue
+		}
+		proto := TCP // the API server defaults a nil protocol to TCP
+		if p.Protocol != nil {
+			var ok bool
+			if proto, ok = protocolOf(*p.Protocol); !ok {
+				drop(ReasonBadProtocol, "ports[%d] (%q): protocol %q", i, *p.Name, *p.Protocol)
+				continue
+			}
+		}
+		out.Ports = append(out.Ports, EndpointPort{Name: *p.Name, Protocol: proto, Port: uint16(*p.Port)})
+	}
+	for i, e := range es.Endpoints {
+		if len(e.Addresses) == 0 {
+			drop(ReasonBadIP, "endpoints[%d]: no address", i)
+			continue
+		}
+		ip, err := parseIP(e.Addresses[0])
+		if err != nil {
+			drop(ReasonBadIP, "endpoints[%d] %q: %v", i, e.Addresses[0], err)
+			continue
+		}
+		if FamilyOf(ip) != fam {
+			drop(ReasonFamilyMismatch, "endpoints[%d] %s in a %s slice", i, ip, fam)
+			continue
+		}
+		ep := Endpoint{
+			Address:     ip,
+			Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+			Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
+			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+		}
+		if e.NodeName != nil {
+			ep.NodeName = *e.NodeName
+		}
+		if e.Zone != nil {
+			ep.Zone = *e.Zone
+		}
+		if e.Hints != nil {
+			for _, z := range e.Hints.ForZones {
+				ep.ForZones = append(ep.ForZones, z.Name)
+			}
+			for _, n := range e.Hints.ForNodes {
+				ep.ForNodes = append(ep.ForNodes, n.Name)
+			}
+		}
+		out.Endpoints = append(out.Endpoints, ep)
+	}
+	return out, problems
+}
+
+// ConvertNode converts a Node; unparsable addresses are dropped.
+func ConvertNode(n *corev1.Node) (*Node, []Problem) {
+	if n == nil {
+		return nil, nil
+	}
+	out := &Node{Name: n.Name, Zone: n.Labels[LabelZone], Deleting: n.DeletionTimestamp != nil}
+	var problems []Problem
+	seen := map[netip.Addr]bool{}
+	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			if a.Type != t {
+				continue
+			}
+			ip, err := parseIP(a.Address)
+			if err != nil {
+				problems = append(problems, Problem{Kind: "Node", Object: n.Name, Reason: ReasonBadIP, Detail: fmt.Sprintf("%s %q: %v", a.Type, a.Address, err), Dropped: true})
+				continue
+			}
+			if !seen[ip] {
+				seen[ip] = true
+				out.Addresses = append(out.Addresses, ip)
+			}
+		}
+	}
+	return out, problems
+}
+
+// parseIP accepts a plain IPv4 or IPv6 address (no zone, no prefix).
+func parseIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if ip.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("zoned address not allowed")
+	}
+	if ip.Is4In6() {
+		return netip.Addr{}, fmt.Errorf("IPv4-mapped IPv6 address not allowed")
+	}
+	if ip.IsUnspecified() {
+		return netip.Addr{}, fmt.Errorf("unspecified address not allowed")
+	}
+	return ip, nil
+}
+
+func protocolOf(p corev1.Protocol) (Protocol, bool) {
+	switch p {
+	case corev1.ProtocolTCP, "":
+		return TCP, true
+	case corev1.ProtocolUDP:
+		return UDP, true
+	case corev1.ProtocolSCTP:
+		return SCTP, true
+	}
+	return ProtocolUnknown, false
+}
+
+func familyOfAPI(f corev1.IPFamily) Family {
+	switch f {
+	case corev1.IPv4Protocol:
+		return IPv4
+	case corev1.IPv6Protocol:
+		return IPv6
+	}
+	return FamilyUnknown
+}
+
+// skipAll turns the collected problems into "whole object skipped" and adds
+// the final reason.
+func skipAll(problems []Problem, key ServiceKey, r Reason, detail string) []Problem {
+	for i := range problems {
+		problems[i].Dropped = false
+	}
+	return append(problems, Problem{Kind: "Service", Object: key.String(), Reason: r, Detail: detail})
+}
