@@ -1,0 +1,62 @@
+// Command e2ehelper is the test bed's multi-purpose network program, run in
+// the VM's pod and client namespaces (a static binary, CGO_ENABLED=0):
+//
+//	e2ehelper serve   --name NAME [--tcp ADDR] [--udp ADDR]
+//	e2ehelper request --proto tcp|udp --addr HOST:PORT [--count N] [--timeout D] [--interval D]
+//	e2ehelper hold    --addr HOST:PORT [--interval D] [--duration D] [--timeout D]
+//	e2ehelper wait    --addr HOST:PORT [--timeout D]
+//
+// serve answers every TCP connection and UDP datagram with "NAME from IP:PORT\n"
+// (the peer's address as the backend saw it); on TCP it then echoes each line
+// it receives as "NAME echo: LINE\n" until the peer closes, which lets hold keep
+// one long-lived connection. request prints one line per attempt and a summary
+// (see report); it exits 1 if any attempt failed. wait polls until a TCP
+// connection succeeds.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait [flags]")
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = serveCmd(ctx, args[1:], stdout, stderr)
+	case "request":
+		err = requestCmd(ctx, args[1:], stdout, stderr)
+	case "hold":
+		err = holdCmd(ctx, args[1:], stdout, stderr)
+	case "wait":
+		err = waitCmd(ctx, args[1:], stdout, stderr)
+	default:
+		err = usageError(fmt.Sprintf("unknown command %q", args[0]))
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "e2ehelper:", err)
+		if _, ok := err.(usageError); ok {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+type usageError string
+
+func (e usageError) Error() string { return string(e) }

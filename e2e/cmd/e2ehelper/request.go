@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/vsplane/vsplane/e2e/vm/wire"
+)
+
+func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("request", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	proto := fs.String("proto", "tcp", "tcp or udp")
+	addr := fs.String("addr", "", "HOST:PORT to send to (required)")
+	count := fs.Int("count", 1, "number of requests (1..100000)")
+	timeout := fs.Duration("timeout", 2*time.Second, "timeout of each request")
+	interval := fs.Duration("interval", 0, "pause between requests")
+	if err := fs.Parse(args); err != nil {
+		return usageError(err.Error())
+	}
+	if *addr == "" || *count < 1 || *count > 100000 || *timeout <= 0 || *interval < 0 {
+		return usageError("request needs --addr, 1 <= --count <= 100000, --timeout > 0, --interval >= 0")
+	}
+	var once func(context.Context) (string, error)
+	switch *proto {
+	case "tcp":
+		once = func(ctx context.Context) (string, error) { return tcpOnce(ctx, *addr, *timeout) }
+	case "udp":
+		once = func(ctx context.Context) (string, error) { return udpOnce(ctx, *addr, *timeout) }
+	default:
+		return usageError(fmt.Sprintf("unknown --proto %q", *proto))
+	}
+	sum := wire.Summary{Backends: map[string]int{}}
+	for i := 1; i <= *count; i++ {
+		if ctx.Err() != nil {
+			break
+		}
+		line, err := once(ctx)
+		if err != nil {
+			sum.Fail++
+			fmt.Fprintf(stdout, "%d fail: %v\n", i, err)
+		} else {
+			sum.OK++
+			sum.Backends[backendOf(line)]++
+			fmt.Fprintf(stdout, "%d ok %s\n", i, line)
+		}
+		if *interval > 0 && i < *count {
+			select {
+			case <-ctx.Done():
+			case <-time.After(*interval):
+			}
+		}
+	}
+	if err := printSummary(stdout, sum); err != nil {
+		return err
+	}
+	if sum.Fail > 0 || sum.OK < *count {
+		return fmt.Errorf("%d of %d requests failed", *count-sum.OK, *count)
+	}
+	return nil
+}
+
+func backendOf(answer string) string {
+	if f := strings.Fields(answer); len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+func printSummary(w io.Writer, sum wire.Summary) error {
+	data, err := json.Marshal(sum)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s%s\n", wire.SummaryPrefix, data)
+	return err
+}
+
+func tcpOnce(ctx context.Context, addr string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	dl, _ := ctx.Deadline()
+	_ = conn.SetDeadline(dl)
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("read answer: %w", err)
+	}
+	return strings.TrimSpace(line), nil
+}
+
+func udpOnce(ctx context.Context, addr string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "udp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	dl, _ := ctx.Deadline()
+	_ = conn.SetDeadline(dl)
+	if _, err := conn.Write([]byte("ping\n")); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 2048)
+	n, err := conn.Read(buf)
+	if err != nil {
+		return "", fmt.Errorf("read answer: %w", err)
+	}
+	return strings.TrimSpace(string(buf[:n])), nil
+}
+
+// holdCmd keeps one TCP connection open, sending a line every interval and
+// expecting its echo, for duration. It reports the backend that answered.
+func holdCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("hold", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "", "HOST:PORT to connect to (required)")
+	interval := fs.Duration("interval", time.Second, "pause between echoed lines")
+	duration := fs.Duration("duration", 10*time.Second, "how long to hold the connection (at most 1h)")
+	timeout := fs.Duration("timeout", 2*time.Second, "timeout of the connect and of each echo")
+	if err := fs.Parse(args); err != nil {
+		return usageError(err.Error())
+	}
+	if *addr == "" || *interval <= 0 || *duration <= 0 || *duration > time.Hour || *timeout <= 0 {
+		return usageError("hold needs --addr, --interval > 0, 0 < --duration <= 1h, --timeout > 0")
+	}
+	dctx, cancel := context.WithTimeout(ctx, *timeout)
+	var d net.Dialer
+	conn, err := d.DialContext(dctx, "tcp", *addr)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	_ = conn.SetDeadline(time.Now().Add(*timeout))
+	greeting, err := r.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("read greeting: %w", err)
+	}
+	greeting = strings.TrimSpace(greeting)
+	backend := backendOf(greeting)
+	fmt.Fprintf(stdout, "connected %s\n", greeting)
+	sum := wire.Summary{Backends: map[string]int{}}
+	end := time.Now().Add(*duration)
+	for i := 1; time.Now().Before(end) && ctx.Err() == nil; i++ {
+		_ = conn.SetDeadline(time.Now().Add(*timeout))
+		line, err := echo(conn, r, fmt.Sprintf("tick %d", i))
+		if err != nil {
+			sum.Fail++
+			fmt.Fprintf(stdout, "%d fail: %v\n", i, err)
+			break
+		}
+		sum.OK++
+		sum.Backends[backendOf(line)]++
+		fmt.Fprintf(stdout, "%d ok %s\n", i, line)
+		select {
+		case <-ctx.Done():
+		case <-time.After(*interval):
+		}
+	}
+	if err := printSummary(stdout, sum); err != nil {
+		return err
+	}
+	if sum.Fail > 0 {
+		return fmt.Errorf("connection to %s (backend %s) broke", *addr, backend)
+	}
+	return nil
+}
+
+func echo(conn net.Conn, r *bufio.Reader, msg string) (string, error) {
+	if _, err := fmt.Fprintln(conn, msg); err != nil {
+		return "", err
+	}
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimSpace(line)
+	if !strings.HasSuffix(line, "echo: "+msg) {
+		return line, fmt.Errorf("unexpected echo %q for %q", line, msg)
+	}
+	return line, nil
+}
+
+// waitCmd polls until a TCP connection to addr succeeds.
+func waitCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("wait", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "", "HOST:PORT to connect to (required)")
+	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return usageError(err.Error())
+	}
+	if *addr == "" || *timeout <= 0 {
+		return usageError("wait needs --addr and --timeout > 0")
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	var lastErr error
+	for {
+		var d net.Dialer
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		conn, err := d.DialContext(actx, "tcp", *addr)
+		acancel()
+		if err == nil {
+			conn.Close()
+			fmt.Fprintf(stdout, "%s is up\n", *addr)
+			return nil
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return errors.Join(fmt.Errorf("%s not reachable within %v", *addr, *timeout), lastErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

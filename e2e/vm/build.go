@@ -1,0 +1,102 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+// ErrDepsMissing is wrapped by Boot's error when the host lacks QEMU, socat or
+// the unpacked kernel; scripts/vm/deps.sh installs them.
+var ErrDepsMissing = errors.New("VM test bed dependencies missing: run scripts/vm/deps.sh")
+
+const modulePath = "module github.com/vsplane/vsplane"
+
+// FindRepoRoot walks up from dir to the vsplane module root (its go.mod).
+func FindRepoRoot(dir string) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		data, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err == nil && bytes.Contains(data, []byte(modulePath+"\n")) {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no vsplane go.mod above %s", dir)
+		}
+	}
+}
+
+// kernelImage returns the uncompressed vmlinux unpacked by deps.sh.
+func kernelImage(cacheDir string) (string, error) {
+	k := filepath.Join(cacheDir, "kernel", "vmlinux")
+	if _, err := os.Stat(filepath.Join(cacheDir, "kernel", ".done")); err != nil {
+		return "", fmt.Errorf("%w (no kernel in %s)", ErrDepsMissing, filepath.Join(cacheDir, "kernel"))
+	}
+	if _, err := os.Stat(k); err != nil {
+		return "", fmt.Errorf("%w (no %s)", ErrDepsMissing, k)
+	}
+	return k, nil
+}
+
+// checkHostTools reports every missing host program at once.
+func checkHostTools(qemu string) error {
+	var missing []string
+	for _, t := range []string{qemu, "socat", "cpio", "depmod", "busybox", "ipvsadm", "ipset"} {
+		if _, err := exec.LookPath(t); err != nil {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w (not found: %s)", ErrDepsMissing, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// goBuild builds static binaries of the given packages (import paths or
+// ./relative to root) into dir, returning their paths.
+func goBuild(ctx context.Context, root, dir string, pkgs []string) ([]string, error) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			return nil, fmt.Errorf("no go toolchain to build guest binaries: %w", err)
+		}
+	}
+	args := append([]string{"build", "-trimpath", "-o", dir + string(filepath.Separator)}, pkgs...)
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build %s: %w\n%s", strings.Join(pkgs, " "), err, out)
+	}
+	bins := make([]string, 0, len(pkgs))
+	for _, p := range pkgs {
+		bins = append(bins, filepath.Join(dir, filepath.Base(p)))
+	}
+	return bins, nil
+}
+
+// buildInitramfs runs scripts/vm/build-initramfs.sh (cached base + bins).
+func buildInitramfs(ctx context.Context, root, cacheDir, out string, bins []string) error {
+	script := filepath.Join(root, "scripts", "vm", "build-initramfs.sh")
+	args := append([]string{script, "-o", out}, bins...)
+	cmd := exec.CommandContext(ctx, "bash", args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "VSPLANE_VM_CACHE="+cacheDir)
+	if outb, err := cmd.CombinedOutput(); err != nil {
+		msg := string(outb)
+		if strings.Contains(msg, "deps.sh") {
+			return fmt.Errorf("%w: %s", ErrDepsMissing, strings.TrimSpace(msg))
+		}
+		return fmt.Errorf("build-initramfs.sh: %w\n%s", err, msg)
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+)
+
+// Addresses of the in-VM topology (see README.md for the diagram).
+const (
+	BridgeName = "vsbr0"
+	BridgeIP   = "198.19.0.1"   // VM root namespace on the node bridge
+	NodeNet    = "198.19.0.0/24" // node IPs: 198.19.0.(10+N)
+	ServiceNet = "198.18.0.0/16" // ClusterIPs, routed to a node by clients
+	maxNodes   = 100
+	maxPods    = 200 // pods per node: 198.19.N.11 .. 198.19.N.210
+	maxClients = 50  // clients on the bridge: 198.19.0.201 ..
+)
+
+var netnsName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,30}$`)
+
+// Netns is a network namespace inside the VM.
+type Netns struct {
+	vm   *VM
+	Name string
+	IP   string // its primary IPv4 address
+}
+
+// Wrap turns cmd into a root-namespace command that runs it (with /bin/sh -c)
+// inside the namespace.
+func (n *Netns) Wrap(cmd string) string {
+	return "ip netns exec " + n.Name + " /bin/sh -c " + ShellQuote(cmd)
+}
+
+// Run runs cmd inside the namespace (see VM.Run).
+func (n *Netns) Run(ctx context.Context, cmd string) (Result, error) {
+	return n.vm.Run(ctx, n.Wrap(cmd))
+}
+
+// RunOK runs cmd inside the namespace and returns its stdout (see VM.RunOK).
+func (n *Netns) RunOK(ctx context.Context, cmd string) (string, error) {
+	return n.vm.RunOK(ctx, n.Wrap(cmd))
+}
+
+// Start starts a background process inside the namespace (see VM.Start).
+func (n *Netns) Start(ctx context.Context, name, cmd string) (*Proc, error) {
+	// exec: the process group's leader is the program itself, so Kill's
+	// SIGTERM reaches it directly.
+	return n.vm.Start(ctx, name, "exec "+n.Wrap("exec "+cmd))
+}
+
+// Node is a node's network namespace: eth0 on the bridge with 198.19.0.(10+N),
+// one routed veth per pod.
+type Node struct {
+	Netns
+	Index   int
+	PodCIDR string // 198.19.N.0/24
+	PodGW   string // 198.19.N.1: the node's side of every pod veth
+	topo    *Topology
+	pods    int
+}
+
+// Pod is a pod's network namespace, its eth0 a veth to its node.
+type Pod struct {
+	Netns
+	Node *Node
+}
+
+// Topology builds node, pod and client namespaces in a VM. Methods are safe
+// for concurrent use; every name must be unique in the VM.
+type Topology struct {
+	vm      *VM
+	mu      sync.Mutex
+	nodes   []*Node
+	clients int
+	names   map[string]bool
+}
+
+// NewTopology sets up the VM root namespace: bridge vsbr0 (198.19.0.1/24) and
+// MASQUERADE of node and pod traffic leaving through eth0, so that every
+// namespace reaches the host's forwarded loopback ports at 198.19.255.100.
+// Call it once per VM.
+func NewTopology(ctx context.Context, v *VM) (*Topology, error) {
+	script := fmt.Sprintf(`set -e
+ip link add %[1]s type bridge
+ip addr add %[2]s/24 dev %[1]s
+ip link set %[1]s up
+iptables -t nat -A POSTROUTING -s 198.19.0.0/16 -o eth0 -j MASQUERADE
+`, BridgeName, BridgeIP)
+	if _, err := v.RunOK(ctx, script); err != nil {
+		return nil, fmt.Errorf("set up VM root namespace: %w", err)
+	}
+	return &Topology{vm: v, names: map[string]bool{}}, nil
+}
+
+// Nodes returns the nodes added so far, in order.
+func (t *Topology) Nodes() []*Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]*Node(nil), t.nodes...)
+}
+
+func (t *Topology) claim(name string) error {
+	if !netnsName.MatchString(name) {
+		return fmt.Errorf("invalid namespace name %q (want %s)", name, netnsName)
+	}
+	if t.names[name] {
+		return fmt.Errorf("namespace %q already exists", name)
+	}
+	t.names[name] = true
+	return nil
+}
+
+// AddNode creates the next node namespace "node<N>" (N = 1, 2, ...), routes
+// its pod CIDR from the root namespace and from every other node.
+func (t *Topology) AddNode(ctx context.Context) (*Node, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	idx := len(t.nodes) + 1
+	if idx > maxNodes {
+		return nil, fmt.Errorf("at most %d nodes", maxNodes)
+	}
+	name := fmt.Sprintf("node%d", idx)
+	if err := t.claim(name); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		Netns:   Netns{vm: t.vm, Name: name, IP: fmt.Sprintf("198.19.0.%d", 10+idx)},
+		Index:   idx,
+		PodCIDR: fmt.Sprintf("198.19.%d.0/24", idx),
+		PodGW:   fmt.Sprintf("198.19.%d.1", idx),
+		topo:    t,
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `set -e
+ip netns add %[1]s
+ip link add vsn%[2]d type veth peer name eth0 netns %[1]s
+ip link set vsn%[2]d master %[3]s up
+ip -n %[1]s link set lo up
+ip -n %[1]s link set eth0 up
+ip -n %[1]s addr add %[4]s/24 dev eth0
+ip -n %[1]s route add default via %[5]s
+ip netns exec %[1]s sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward
+  echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter
+  echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter'
+ip route add %[6]s via %[4]s
+`, name, idx, BridgeName, n.IP, BridgeIP, n.PodCIDR)
+	for _, o := range t.nodes {
+		fmt.Fprintf(&b, "ip -n %s route add %s via %s\n", o.Name, n.PodCIDR, n.IP)
+		fmt.Fprintf(&b, "ip -n %s route add %s via %s\n", n.Name, o.PodCIDR, o.IP)
+	}
+	if _, err := t.vm.RunOK(ctx, b.String()); err != nil {
+		return nil, fmt.Errorf("add node %s: %w", name, err)
+	}
+	t.nodes = append(t.nodes, n)
+	return n, nil
+}
+
+// AddPod creates a pod namespace named name on the node, with the next free
+// address 198.19.N.(10+k) on a veth routed by the node (a /32 with the node's
+// 198.19.N.1 as gateway, so all pod traffic crosses the node's IP stack, IPVS
+// included).
+func (n *Node) AddPod(ctx context.Context, name string) (*Pod, error) {
+	t := n.topo
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n.pods >= maxPods {
+		return nil, fmt.Errorf("at most %d pods per node", maxPods)
+	}
+	if err := t.claim(name); err != nil {
+		return nil, err
+	}
+	k := n.pods + 1
+	p := &Pod{Netns: Netns{vm: t.vm, Name: name, IP: fmt.Sprintf("198.19.%d.%d", n.Index, 10+k)}, Node: n}
+	script := fmt.Sprintf(`set -e
+ip netns add %[1]s
+ip -n %[2]s link add vp%[3]d type veth peer name eth0 netns %[1]s
+ip -n %[2]s link set vp%[3]d up
+ip -n %[2]s addr add %[4]s/32 dev vp%[3]d
+ip -n %[2]s route add %[5]s/32 dev vp%[3]d
+ip -n %[1]s link set lo up
+ip -n %[1]s link set eth0 up
+ip -n %[1]s addr add %[5]s/32 dev eth0
+ip -n %[1]s route add %[4]s dev eth0 scope link
+ip -n %[1]s route add default via %[4]s dev eth0
+`, name, n.Name, k, n.PodGW, p.IP)
+	if _, err := t.vm.RunOK(ctx, script); err != nil {
+		delete(t.names, name)
+		return nil, fmt.Errorf("add pod %s on %s: %w", name, n.Name, err)
+	}
+	n.pods = k
+	return p, nil
+}
+
+// AddClient creates a client namespace on the bridge (198.19.0.(200+k)),
+// default route via the VM root namespace. If via is not nil, the service
+// range 198.18.0.0/16 is routed to that node, as an external client's router
+// would.
+func (t *Topology) AddClient(ctx context.Context, name string, via *Node) (*Netns, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.clients >= maxClients {
+		return nil, fmt.Errorf("at most %d clients", maxClients)
+	}
+	if err := t.claim(name); err != nil {
+		return nil, err
+	}
+	k := t.clients + 1
+	c := &Netns{vm: t.vm, Name: name, IP: fmt.Sprintf("198.19.0.%d", 200+k)}
+	script := fmt.Sprintf(`set -e
+ip netns add %[1]s
+ip link add vsc%[2]d type veth peer name eth0 netns %[1]s
+ip link set vsc%[2]d master %[3]s up
+ip -n %[1]s link set lo up
+ip -n %[1]s link set eth0 up
+ip -n %[1]s addr add %[4]s/24 dev eth0
+ip -n %[1]s route add default via %[5]s
+`, name, k, BridgeName, c.IP, BridgeIP)
+	if via != nil {
+		script += fmt.Sprintf("ip -n %s route add %s via %s\n", name, ServiceNet, via.IP)
+	}
+	if _, err := t.vm.RunOK(ctx, script); err != nil {
+		delete(t.names, name)
+		return nil, fmt.Errorf("add client %s: %w", name, err)
+	}
+	t.clients = k
+	return c, nil
+}
+
+// ShellQuote quotes s as one word for a POSIX shell.
+func ShellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,302 @@
+// Package vm boots the real-kernel test bed: Debian's kernel under QEMU (TCG)
+// with the project's initramfs, and drives it through vmexec. See README.md.
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Fixed addresses of the VM's user network (see DESIGN.md's address plan).
+const (
+	GuestIP     = "198.19.255.15" // the VM's eth0
+	GatewayIP   = "198.19.255.2"  // QEMU's slirp host address, the VM's default route
+	HostLoopIP  = "198.19.255.100"
+	userNet     = "198.19.255.0/24"
+	guestExecPt = 7000 // vmexec's port inside the VM
+)
+
+// Options configure Boot. The zero value boots a 1 GiB, 2-CPU VM.
+type Options struct {
+	// RepoRoot is the vsplane checkout (default: found above the working directory).
+	RepoRoot string
+	// CacheDir holds the kernel and base initramfs (default RepoRoot/.cache/vm).
+	CacheDir string
+	MemoryMB int // default 1024
+	CPUs     int // default 2
+	// GuestFwdPorts are host loopback TCP ports the guest reaches as
+	// 198.19.255.100:PORT (one socat per connection, QEMU's guestfwd cmd: form).
+	GuestFwdPorts []int
+	// GoPackages are extra packages (./path or import path) built with
+	// CGO_ENABLED=0 into the guest's /usr/local/bin; vmexec and e2ehelper are
+	// always included.
+	GoPackages []string
+	// Binaries are extra host files (static executables) put in /usr/local/bin.
+	Binaries []string
+	// KernelArgs are appended to the kernel command line.
+	KernelArgs []string
+	// BootTimeout bounds the build plus the boot (default 3 minutes).
+	BootTimeout time.Duration
+	// KeepWorkDir keeps the work directory (console log, initramfs) after Stop.
+	KeepWorkDir bool
+	Log         *zap.Logger
+}
+
+// VM is a running test-bed VM. Its methods are safe for concurrent use.
+type VM struct {
+	opts     Options
+	log      *zap.Logger
+	workDir  string
+	console  string
+	qemuOut  string
+	execAddr string // host address of vmexec (hostfwd)
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when qemu has exited
+	waitErr error
+
+	// BuildTime is how long building the binaries and the initramfs took;
+	// BootTime how long from starting QEMU until vmexec answered.
+	BuildTime, BootTime time.Duration
+
+	stopOnce sync.Once
+}
+
+// Boot builds what the guest needs, starts QEMU and waits until vmexec answers.
+// A missing QEMU or kernel yields an error wrapping ErrDepsMissing.
+func Boot(ctx context.Context, opts Options) (*VM, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
+	defer cancel()
+	if err := checkHostTools("qemu-system-x86_64"); err != nil {
+		return nil, err
+	}
+	kernel, err := kernelImage(opts.CacheDir)
+	if err != nil {
+		return nil, err
+	}
+	fwd, err := guestFwdRules(opts.GuestFwdPorts)
+	if err != nil {
+		return nil, err
+	}
+	workDir, err := os.MkdirTemp("", "vsplane-vm-")
+	if err != nil {
+		return nil, err
+	}
+	v := &VM{opts: opts, log: opts.Log, workDir: workDir,
+		console: filepath.Join(workDir, "console.log"), qemuOut: filepath.Join(workDir, "qemu.log")}
+	if err := v.boot(ctx, kernel, fwd); err != nil {
+		tail := v.ConsoleTail(40)
+		v.Stop()
+		return nil, fmt.Errorf("%w\n--- console tail ---\n%s", err, tail)
+	}
+	return v, nil
+}
+
+func (o *Options) defaults() error {
+	if o.RepoRoot == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		if o.RepoRoot, err = FindRepoRoot(wd); err != nil {
+			return err
+		}
+	}
+	if o.CacheDir == "" {
+		o.CacheDir = filepath.Join(o.RepoRoot, ".cache", "vm")
+	}
+	if o.MemoryMB == 0 {
+		o.MemoryMB = 1024
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 2
+	}
+	if o.BootTimeout == 0 {
+		o.BootTimeout = 3 * time.Minute
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	return nil
+}
+
+func guestFwdRules(ports []int) (string, error) {
+	var b strings.Builder
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p <= 0 || p > 65535 {
+			return "", fmt.Errorf("guest forward port %d out of range", p)
+		}
+		if seen[p] {
+			return "", fmt.Errorf("guest forward port %d given twice", p)
+		}
+		seen[p] = true
+		fmt.Fprintf(&b, ",guestfwd=tcp:%s:%d-cmd:socat - TCP:127.0.0.1:%d", HostLoopIP, p, p)
+	}
+	return b.String(), nil
+}
+
+func (v *VM) boot(ctx context.Context, kernel, fwd string) error {
+	start := time.Now()
+	binDir := filepath.Join(v.workDir, "bin")
+	pkgs := append([]string{"./e2e/cmd/vmexec", "./e2e/cmd/e2ehelper"}, v.opts.GoPackages...)
+	bins, err := goBuild(ctx, v.opts.RepoRoot, binDir, pkgs)
+	if err != nil {
+		return err
+	}
+	bins = append(bins, v.opts.Binaries...)
+	initrd := filepath.Join(v.workDir, "initramfs.img")
+	if err := buildInitramfs(ctx, v.opts.RepoRoot, v.opts.CacheDir, initrd, bins); err != nil {
+		return err
+	}
+	v.BuildTime = time.Since(start)
+
+	// The hostfwd port is picked free here and may be taken before QEMU binds
+	// it (other tests run alongside): retry with a new one.
+	for attempt := 0; ; attempt++ {
+		hostPort, err := freePort()
+		if err != nil {
+			return err
+		}
+		bootStart := time.Now()
+		if err := v.startQEMU(kernel, initrd, hostPort, fwd); err != nil {
+			return err
+		}
+		err = v.awaitExec(ctx)
+		if err == nil {
+			v.BootTime = time.Since(bootStart)
+			v.log.Info("VM up", zap.Duration("build", v.BuildTime), zap.Duration("boot", v.BootTime),
+				zap.String("workdir", v.workDir))
+			return nil
+		}
+		out, _ := os.ReadFile(v.qemuOut)
+		if attempt < 3 && strings.Contains(string(out), "host forwarding rule") {
+			v.log.Warn("hostfwd port taken, retrying", zap.Int("port", hostPort))
+			continue
+		}
+		return fmt.Errorf("%w\n--- qemu output ---\n%s", err, out)
+	}
+}
+
+func (v *VM) startQEMU(kernel, initrd string, hostPort int, fwd string) error {
+	v.execAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort))
+	args := []string{
+		"-accel", "tcg", // KVM hangs a standard kernel on this host
+		"-m", strconv.Itoa(v.opts.MemoryMB), "-smp", strconv.Itoa(v.opts.CPUs),
+		"-nodefaults", "-display", "none", "-no-reboot",
+		"-serial", "file:" + v.console,
+		"-kernel", kernel, "-initrd", initrd,
+		"-append", strings.Join(append([]string{
+			"console=ttyS0", "panic=-1", "quiet", "cryptomgr.notests", "mitigations=off",
+			"vsplane.vmexec_port=" + strconv.Itoa(guestExecPt),
+		}, v.opts.KernelArgs...), " "),
+		"-nic", fmt.Sprintf("user,model=virtio-net-pci,restrict=on,net=%s,host=%s,hostfwd=tcp:%s-%s:%d%s",
+			userNet, GatewayIP, v.execAddr, GuestIP, guestExecPt, fwd),
+	}
+	out, err := os.Create(v.qemuOut)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command("qemu-system-x86_64", args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	// Never outlive the test process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
+	v.cmd = cmd
+	v.exited = make(chan struct{})
+	go func() {
+		v.waitErr = cmd.Wait()
+		close(v.exited)
+	}()
+	v.log.Debug("qemu started", zap.Int("pid", cmd.Process.Pid), zap.Strings("args", args))
+	return nil
+}
+
+// awaitExec polls vmexec until it answers, QEMU exits or ctx ends.
+func (v *VM) awaitExec(ctx context.Context) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := v.Ping(pctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-v.exited:
+			return fmt.Errorf("qemu exited during boot: %v", v.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("VM did not come up (vmexec at %s: %v): %w", v.execAddr, err, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// WorkDir holds the console log, QEMU's output and the initramfs.
+func (v *VM) WorkDir() string { return v.workDir }
+
+// ConsoleLog is the path of the guest's serial console log.
+func (v *VM) ConsoleLog() string { return v.console }
+
+// ConsoleTail returns the last n lines of the console log.
+func (v *VM) ConsoleTail(n int) string {
+	data, err := os.ReadFile(v.console)
+	if err != nil {
+		return fmt.Sprintf("(no console log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Stop kills QEMU and removes the work directory (unless KeepWorkDir).
+// It is idempotent.
+func (v *VM) Stop() {
+	v.stopOnce.Do(func() {
+		if v.cmd != nil && v.cmd.Process != nil {
+			_ = v.cmd.Process.Kill()
+			select {
+			case <-v.exited:
+			case <-time.After(10 * time.Second):
+				v.log.Error("qemu did not exit after SIGKILL", zap.Int("pid", v.cmd.Process.Pid))
+			}
+		}
+		if !v.opts.KeepWorkDir {
+			_ = os.RemoveAll(v.workDir)
+		}
+	})
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	addr, ok := ln.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, errors.New("unexpected listener address")
+	}
+	return addr.Port, nil
+}

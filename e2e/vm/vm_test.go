@@ -1,0 +1,214 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// hostServer is a loopback TCP server on the host answering like e2ehelper
+// serve, counting connections.
+type hostServer struct {
+	ln    net.Listener
+	conns atomic.Int64
+}
+
+func startHostServer(t *testing.T) *hostServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &hostServer{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.conns.Add(1)
+			fmt.Fprintf(c, "host from %s\n", c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	return s
+}
+
+func (s *hostServer) port() int { return s.ln.Addr().(*net.TCPAddr).Port }
+
+// TestBed proves the VM test bed: a real kernel with IPVS, dummy links, ipset
+// types loaded on demand, node and pod namespaces, and the host's loopback
+// reachable from a node namespace through guestfwd.
+func TestBed(t *testing.T) {
+	testStart := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	host := startHostServer(t)
+
+	v, err := Boot(ctx, Options{GuestFwdPorts: []int{host.port()}, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		if errors.Is(err, ErrDepsMissing) {
+			t.Fatalf("the VM test bed cannot run here: %v", err)
+		}
+		t.Fatalf("boot: %v", err)
+	}
+	defer v.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("console tail:\n%s", v.ConsoleTail(60))
+		}
+	}()
+	t.Logf("build %v, boot %v (QEMU start until vmexec answered)", v.BuildTime.Round(time.Millisecond),
+		v.BootTime.Round(time.Millisecond))
+
+	out, err := v.RunOK(ctx, "uname -r; ipvsadm -v; ip -V")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest: %s", strings.ReplaceAll(strings.TrimSpace(out), "\n", " | "))
+
+	topo, err := NewTopology(ctx, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := topo.AddNode(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podA := mustPod(ctx, t, node, "pod-a")
+	podB := mustPod(ctx, t, node, "pod-b")
+	clientPod := mustPod(ctx, t, node, "client-pod")
+	extClient, err := topo.AddClient(ctx, "client", node)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, p := range []*Pod{podA, podB} {
+		if _, err := p.Start(ctx, "serve-"+p.Name,
+			"e2ehelper serve --name "+p.Name+" --tcp :8080 --udp :8053"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []*Pod{podA, podB} {
+		if _, err := node.RunOK(ctx, "e2ehelper wait --timeout 60s --addr "+p.IP+":8080"); err != nil {
+			t.Fatalf("backend %s not up: %v", p.Name, err)
+		}
+	}
+
+	// IPVS by hand, as kube-proxy would program a ClusterIP service.
+	ipvs := fmt.Sprintf(`set -e
+ip link add kube-ipvs0 type dummy
+ip addr add 198.18.0.10/32 dev kube-ipvs0
+ipvsadm -A -t 198.18.0.10:80 -s rr
+ipvsadm -a -t 198.18.0.10:80 -r %[1]s:8080 -m
+ipvsadm -a -t 198.18.0.10:80 -r %[2]s:8080 -m
+ipvsadm -A -u 198.18.0.10:53 -s rr
+ipvsadm -a -u 198.18.0.10:53 -r %[1]s:8053 -m
+ipvsadm -a -u 198.18.0.10:53 -r %[2]s:8053 -m
+`, podA.IP, podB.IP)
+	if _, err := node.RunOK(ctx, ipvs); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("tcp via IPVS from a pod", func(t *testing.T) {
+		out := request(ctx, t, &clientPod.Netns, "tcp", "198.18.0.10:80", 20)
+		// Masq mode without SNAT: the backends see the client pod's own address.
+		if !strings.Contains(out, "from "+clientPod.IP+":") {
+			t.Errorf("backends did not see the client's address %s:\n%s", clientPod.IP, out)
+		}
+	})
+	t.Run("tcp via IPVS from a client behind the node", func(t *testing.T) {
+		request(ctx, t, extClient, "tcp", "198.18.0.10:80", 20)
+	})
+	t.Run("udp via IPVS from a pod", func(t *testing.T) {
+		request(ctx, t, &clientPod.Netns, "udp", "198.18.0.10:53", 20)
+	})
+
+	t.Run("node reaches host loopback through guestfwd", func(t *testing.T) {
+		before := host.conns.Load()
+		addr := fmt.Sprintf("%s:%d", HostLoopIP, host.port())
+		out, err := node.RunOK(ctx, "e2ehelper request --proto tcp --count 3 --timeout 10s --addr "+addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, err := ParseSummary(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.OK != 3 || sum.Backends["host"] != 3 {
+			t.Errorf("want 3 answers from the host, got %+v\n%s", sum, out)
+		}
+		if got := host.conns.Load() - before; got != 3 {
+			t.Errorf("host server saw %d connections, want 3", got)
+		}
+	})
+
+	t.Run("kernel loads ipset types and xt matches on demand", func(t *testing.T) {
+		// None of these modules is loaded at boot: the kernel calls /sbin/modprobe.
+		script := `set -e
+ipset create KUBE-LOOP-BACK hash:ip,port,ip
+ipset add KUBE-LOOP-BACK 198.19.1.11,tcp:8080,198.19.1.11
+ipset create KUBE-NODE-PORT-TCP bitmap:port range 0-65535
+iptables -t nat -N KUBE-TEST
+iptables -t nat -A KUBE-TEST -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
+iptables-save -t nat | grep -c match-set
+ipset list -n`
+		out, err := node.RunOK(ctx, script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"KUBE-LOOP-BACK", "KUBE-NODE-PORT-TCP"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("ipset list lacks %s:\n%s", want, out)
+			}
+		}
+	})
+
+	t.Logf("test wall time %v", time.Since(testStart).Round(time.Millisecond))
+}
+
+func mustPod(ctx context.Context, t *testing.T, n *Node, name string) *Pod {
+	t.Helper()
+	p, err := n.AddPod(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// request sends count requests from ns with e2ehelper and checks that both
+// backends answered every one of them between them, round robin.
+func request(ctx context.Context, t *testing.T, ns *Netns, proto, addr string, count int) string {
+	t.Helper()
+	out, err := ns.RunOK(ctx, fmt.Sprintf("e2ehelper request --proto %s --addr %s --count %d --timeout 5s",
+		proto, addr, count))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := ParseSummary(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.OK != count || sum.Fail != 0 {
+		t.Fatalf("want %d answers, got %+v\n%s", count, sum, out)
+	}
+	if sum.Backends["pod-a"] != count/2 || sum.Backends["pod-b"] != count/2 {
+		t.Errorf("round robin over pod-a and pod-b should split %d evenly, got %v\n%s", count, sum.Backends, out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), " fail:") {
+			t.Errorf("failed request: %s", sc.Text())
+		}
+	}
+	return out
+}
