@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strings"
@@ -231,5 +232,7 @@ func compareEntryKeys(a, b entryKey) int {
 	if c := strings.Compare(a.set.name(), b.set.name()); c != 0 {
 		return c
 	}
-	return strings.Compare(a.entry.Format(a.set.set.Type()), b.entry.Format(b.set.set.Type()))
+	x, y := a.entry, b.entry
+	return cmp.Or(x.IP.Compare(y.IP), cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port),
+		x.IP2.Compare(y.IP2), x.Net.Addr().Compare(y.Net.Addr()), cmp.Compare(x.Net.Bits(), y.Net.Bits()))
 }
