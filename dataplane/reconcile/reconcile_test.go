@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -467,18 +468,7 @@ func TestSettings(t *testing.T) {
 	}
 }
 
-func contains(s, sub string) bool {
-	return len(sub) == 0 || (len(s) >= len(sub) && indexOf(s, sub) >= 0)
-}
-
-func indexOf(s, sub string) int {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return i
-		}
-	}
-	return -1
-}
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func TestFailedRemovalIsReportedAndRetried(t *testing.T) {
 	mk, r := setup(t)
@@ -602,4 +592,35 @@ func TestSharedItemsStayWhileWanted(t *testing.T) {
 	}
 	mustAck(t, apply(t, r, &vsplanev1.Delta{Nonce: "3", Removed: []string{"service/default/y"}}))
 	wantState(t, mk, kernelState{Services: map[string][]string{}, Sets: map[string][]string{}})
+}
+
+func TestRunRepairsDriftPeriodically(t *testing.T) {
+	mk := memory.New()
+	r := newReconciler(t, mk, Config{Period: 5 * time.Millisecond})
+	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), svcB.resource())))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// Someone runs `ipvsadm -C` and removes an address.
+	k := mk.Kernel()
+	for _, key := range []kernel.VirtualServerKey{
+		kernel.AddrKey(netip.MustParseAddr("198.18.0.10"), kernel.ProtocolTCP, 80),
+		kernel.AddrKey(netip.MustParseAddr("198.18.0.11"), kernel.ProtocolUDP, 53),
+	} {
+		if err := k.IPVS.DeleteVirtualServer(key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.Links.UnbindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.10")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Stats().DriftRepaired < 6 { // 2 services + 3 destinations + 1 address
+		if time.Now().After(deadline) {
+			t.Fatalf("drift not repaired by Run: %+v", r.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wantState(t, mk, twoServices)
 }

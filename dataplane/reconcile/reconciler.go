@@ -50,7 +50,7 @@ type Config struct {
 	// NodeSettings.reconcile_period_seconds overrides it.
 	Period time.Duration
 	// RetryBase and RetryMax bound the retry backoff of failed resources
-	// (defaults 1s and Period).
+	// (defaults min(1s, Period) and Period).
 	RetryBase, RetryMax time.Duration
 	// Families managed by the agent (default IPv4 only).
 	Families []kernel.Family
@@ -115,10 +115,10 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		cfg.Period = 30 * time.Second
 	}
 	if cfg.RetryBase == 0 {
-		cfg.RetryBase = time.Second
+		cfg.RetryBase = min(time.Second, cfg.Period)
 	}
 	if cfg.RetryMax == 0 {
-		cfg.RetryMax = cfg.Period
+		cfg.RetryMax = max(cfg.Period, cfg.RetryBase)
 	}
 	if cfg.RetryMax < cfg.RetryBase {
 		return nil, fmt.Errorf("reconcile: RetryMax %v < RetryBase %v", cfg.RetryMax, cfg.RetryBase)
