@@ -40,6 +40,9 @@ type Options struct {
 	// LogPayloads logs every message sent/received on streams at debug level.
 	// Off by default: agent streams carry large deltas.
 	LogPayloads bool
+	// MaxRecvMsgSize bounds one received message; 0 means DefaultMaxRecvMsgSize.
+	// An agent's Hello carries one name/version pair per resource it holds.
+	MaxRecvMsgSize int
 	// ServerOptions are appended after the ones New builds.
 	ServerOptions []grpc.ServerOption
 }
@@ -58,6 +61,10 @@ var DefaultKeepalivePolicy = keepalive.EnforcementPolicy{
 	MinTime:             10 * time.Second,
 	PermitWithoutStream: true,
 }
+
+// DefaultMaxRecvMsgSize (64 MiB) fits a Hello from a node with ~500k
+// resources; gRPC's own default (4 MiB) would reject ~50k.
+const DefaultMaxRecvMsgSize = 64 << 20
 
 // Server is a configured grpc.Server plus the pieces callers may need later.
 type Server struct {
@@ -118,7 +125,12 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 	unary = append(unary, logging.UnaryServerInterceptor(zl, logOpts...), recovery.UnaryServerInterceptor(recoveryOpt))
 	streams = append(streams, logging.StreamServerInterceptor(zl, logOpts...), recovery.StreamServerInterceptor(recoveryOpt))
 
+	maxRecv := opts.MaxRecvMsgSize
+	if maxRecv <= 0 {
+		maxRecv = DefaultMaxRecvMsgSize
+	}
 	so := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxRecv),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(streams...),
 		grpc.KeepaliveParams(kp),
@@ -147,6 +159,8 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 
 // Stop marks the server NOT_SERVING, then stops gracefully, forcing after
 // timeout (long-lived streams would otherwise block GracefulStop forever).
+// It returns at the latest 2×timeout after the call even if a handler never
+// returns (connections are closed by then; the stuck handler leaks).
 func (s *Server) Stop(timeout time.Duration) {
 	s.Health.Shutdown()
 	done := make(chan struct{})
@@ -156,9 +170,13 @@ func (s *Server) Stop(timeout time.Duration) {
 	}()
 	select {
 	case <-done:
+		return
 	case <-time.After(timeout):
-		s.Server.Stop()
-		<-done
+	}
+	s.Server.Stop()
+	select {
+	case <-done:
+	case <-time.After(timeout):
 	}
 }
 

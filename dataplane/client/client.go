@@ -61,12 +61,19 @@ type Config struct {
 	// The delay doubles per failed attempt, with jitter in [d/2, d], and resets
 	// after a stream that delivered at least one Delta.
 	BackoffBase, BackoffMax time.Duration
+	// MaxRecvMsgSize bounds one received Delta; 0 means DefaultMaxRecvMsgSize.
+	// The first Delta carries a node's whole state.
+	MaxRecvMsgSize int
 	// DialOptions are appended to the defaults (insecure credentials,
 	// keepalive, connect backoff bounded by BackoffMax).
 	DialOptions []grpc.DialOption
 	// OnStreamEnd, if set, is called after each stream ends (tests, metrics).
 	OnStreamEnd func(err error)
 }
+
+// DefaultMaxRecvMsgSize (256 MiB): gRPC's default of 4 MiB is too small for
+// the first Delta of a node with many Services.
+const DefaultMaxRecvMsgSize = 256 << 20
 
 // Client runs the agent stream. Create with New, then call Run.
 type Client struct {
@@ -95,6 +102,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.BackoffMax <= 0 {
 		cfg.BackoffMax = 30 * time.Second
+	}
+	if cfg.MaxRecvMsgSize <= 0 {
+		cfg.MaxRecvMsgSize = DefaultMaxRecvMsgSize
 	}
 	if cfg.BackoffMax < cfg.BackoffBase {
 		return nil, fmt.Errorf("client: BackoffMax %v < BackoffBase %v", cfg.BackoffMax, cfg.BackoffBase)
@@ -127,6 +137,7 @@ func (c *Client) SetStatus(st *vsplanev1.AgentStatus) {
 func (c *Client) Run(ctx context.Context) error {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxRecvMsgSize)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true,
 		}),

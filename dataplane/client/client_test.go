@@ -2,8 +2,10 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -82,9 +84,15 @@ type cp struct {
 
 func startCP(t *testing.T, src *streamtest.Source, addr string) *cp {
 	t.Helper()
-	c := &cp{t: t, src: src, connects: make(chan stream.ConnectEvent, 10)}
+	c := &cp{t: t, src: src, connects: make(chan stream.ConnectEvent, 100)}
 	c.srv = stream.NewServer(src, stream.Options{Logger: zaptest.NewLogger(t),
-		Hooks: stream.Hooks{OnConnect: func(ev stream.ConnectEvent) { c.connects <- ev }}})
+		Hooks: stream.Hooks{OnConnect: func(ev stream.ConnectEvent) {
+			select { // hooks must never block
+			case c.connects <- ev:
+			default:
+				t.Errorf("connect event dropped: %+v", ev)
+			}
+		}}})
 	var err error
 	c.gs, err = grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t)}, func(r grpc.ServiceRegistrar) {
 		vsplanev1.RegisterAgentServiceServer(r, c.srv)
@@ -233,5 +241,37 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not reached in time")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestClientReceivesDeltaLargerThanGRPCDefault: a first Delta over gRPC's
+// default 4 MiB limit (here ~16 MiB) still arrives, and the Hello after a
+// reconnect carries all those versions (server receive limit).
+func TestClientReceivesDeltaLargerThanGRPCDefault(t *testing.T) {
+	src := streamtest.New()
+	long := strings.Repeat("v", 4096)
+	for i := range 2000 {
+		src.Set("n1", fmt.Sprintf("service/default/s%04d", i), fmt.Sprintf("%s%d", long, i), time.Time{})
+	}
+	c := startCP(t, src, "127.0.0.1:0")
+	app := newMemApplier()
+	runClient(t, client.Config{Target: c.addr, NodeName: "n1", Applier: app,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	c.connect(t)
+	if d := app.next(t); len(d.GetResources()) != 2000 {
+		t.Fatalf("got %d resources, want 2000", len(d.GetResources()))
+	}
+	waitFor(t, func() bool {
+		info, ok := c.srv.Registry().Agent("n1")
+		return ok && info.GetPendingResources() == 0
+	})
+	c.srv.Shutdown()
+	c.gs.Stop(time.Second)
+	c2 := startCP(t, src, c.addr)
+	if ev := c2.connect(t); ev.HeldResources != 2000 {
+		t.Fatalf("Hello after reconnect carried %d versions, want 2000", ev.HeldResources)
+	}
+	if d := app.next(t); len(d.GetResources()) != 0 {
+		t.Fatalf("resume delta has %d resources, want 0", len(d.GetResources()))
 	}
 }
