@@ -12,8 +12,8 @@ import (
 type Hooks struct {
 	// OnConnect runs after a valid Hello has been accepted.
 	OnConnect func(ev ConnectEvent)
-	// OnDisconnect runs when a stream ends; err is what Connect returns (nil
-	// on a clean client close).
+	// OnDisconnect runs when an accepted stream (one that had OnConnect) ends;
+	// err is what Connect returns (nil on a clean client close).
 	OnDisconnect func(node string, err error)
 	// OnDeltaSent runs after a Delta was handed to gRPC.
 	OnDeltaSent func(node string, delta *vsplanev1.Delta)

@@ -275,3 +275,22 @@ func TestClientReceivesDeltaLargerThanGRPCDefault(t *testing.T) {
 		t.Fatalf("resume delta has %d resources, want 0", len(d.GetResources()))
 	}
 }
+
+func TestClientSendsStatusNowAndAfterReconnect(t *testing.T) {
+	src := streamtest.New()
+	src.Set("n1", "node/settings", "s1", time.Time{})
+	c := startCP(t, src, "127.0.0.1:0")
+	app := newMemApplier()
+	cl := runClient(t, client.Config{Target: c.addr, NodeName: "n1", Applier: app,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	c.connect(t)
+	waitFor(t, cl.Connected)
+	cl.SetStatus(&vsplanev1.AgentStatus{DriftRepaired: 7})
+	waitFor(t, func() bool { return c.srv.Registry().LastStatus("n1").GetDriftRepaired() == 7 })
+
+	c.srv.Shutdown()
+	c.gs.Stop(time.Second)
+	c2 := startCP(t, src, c.addr)
+	c2.connect(t)
+	waitFor(t, func() bool { return c2.srv.Registry().LastStatus("n1").GetDriftRepaired() == 7 })
+}
