@@ -332,7 +332,8 @@ func TestShutdownEndsStreamsWithUnavailable(t *testing.T) {
 		t.Fatalf("stream ended with %v, want Unavailable", c)
 	}
 	b := e.open()
-	b.hello("n1", nil)
+	// The server may refuse before reading the Hello, so Send can see EOF.
+	_ = b.st.Send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Hello{Hello: &vsplanev1.Hello{NodeName: "n1"}}})
 	if c := statusCode(t, b.streamErr()); c != codes.Unavailable {
 		t.Fatalf("new stream after Shutdown: %v, want Unavailable", c)
 	}
