@@ -163,6 +163,8 @@ func TestSlowAgentGetsCoalescedDelta(t *testing.T) {
 		e.src.Set("n1", "service/default/b", "b1", t0)
 		e.src.Set("n1", "service/default/c", "c1", t0)
 		e.src.Delete("n1", "service/default/c") // cancels out: never sent
+		// The stream has drained every change before the Ack frees the slot.
+		waitFor(t, func() bool { return e.src.Pending("n1") == 0 })
 		a.ack(first.GetNonce())
 		d := a.delta()
 		expectDelta(t, d, []string{"service/default/a@a4", "service/default/b@b1"}, nil)
@@ -193,7 +195,10 @@ func TestNodeDisappearingRemovesNothing(t *testing.T) {
 		d := a.delta()
 		a.ack(d.GetNonce())
 		e.waitAck(d.GetNonce())
+		n := e.src.Lookups("n1")
 		e.src.RemoveNode("n1")
+		// Let the stream see the node absent before it comes back.
+		waitFor(t, func() bool { return e.src.Lookups("n1") > n })
 		// Node back with a different set: a full diff against what was sent.
 		e.src.Set("n1", "service/default/b", "b1", t0)
 		expectDelta(t, a.delta(), []string{"service/default/b@b1"}, []string{"service/default/a"})

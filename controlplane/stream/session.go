@@ -310,6 +310,12 @@ func (ss *session) maybeSend() error {
 			r, found := ss.s.src.Get(ss.node, name)
 			upserts, removed = ss.decide(name, r, found, upserts, removed)
 		}
+		// Gets are not atomic with SystemVersion: if the node vanished
+		// meanwhile, its "removals" must not reach the agent (fail-static).
+		if _, still := svr.SystemVersion(ss.node); !still {
+			ss.nodeUnknown()
+			return nil
+		}
 		return ss.maybeSendDelta(upserts, removed, sysVersion)
 	}
 

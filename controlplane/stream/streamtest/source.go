@@ -23,6 +23,7 @@ type Source struct {
 	sysVer   map[string]int
 	triggers map[string]map[string]time.Time
 	subs     map[string][]*sub
+	lookups  map[string]int
 }
 
 var _ stream.Source = (*Source)(nil)
@@ -34,6 +35,7 @@ func New() *Source {
 		sysVer:   map[string]int{},
 		triggers: map[string]map[string]time.Time{},
 		subs:     map[string][]*sub{},
+		lookups:  map[string]int{},
 	}
 }
 
@@ -117,10 +119,34 @@ func (s *Source) Subscribe(node string) stream.Subscription {
 	return sb
 }
 
+// Pending is the number of changed names not yet drained by node's
+// subscribers (summed), so tests can wait until a stream has seen changes.
+func (s *Source) Pending(node string) int {
+	s.mu.Lock()
+	subs := slices.Clone(s.subs[node])
+	s.mu.Unlock()
+	n := 0
+	for _, b := range subs {
+		b.mu.Lock()
+		n += len(b.pending)
+		b.mu.Unlock()
+	}
+	return n
+}
+
+// Lookups counts List and SystemVersion calls for node, so tests can wait
+// until a stream has looked at the node's state.
+func (s *Source) Lookups(node string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lookups[node]
+}
+
 // List implements stream.Source.
 func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.lookups[node]++
 	m, ok := s.nodes[node]
 	if !ok {
 		return nil, "", false
@@ -206,6 +232,7 @@ var _ stream.SystemVersioner = Versioned{}
 func (v Versioned) SystemVersion(node string) (string, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.lookups[node]++
 	if _, ok := v.nodes[node]; !ok {
 		return "", false
 	}
