@@ -93,11 +93,20 @@ func (v *VM) Ping(ctx context.Context) error {
 	return err
 }
 
-// Run runs cmd with /bin/sh -c (dash) in the VM's root namespace, bounded by
-// ctx (DefaultCmdTimeout without a deadline). The error is only about
-// transport; check Result.Err() for the command's own failure.
+// Run runs cmd with /bin/sh -c (busybox ash: name iproute2 as /usr/sbin/ip)
+// in the VM's root namespace, bounded by ctx (DefaultCmdTimeout without a
+// deadline). The error is only about transport; check Result.Err() for the
+// command's own failure.
 func (v *VM) Run(ctx context.Context, cmd string) (Result, error) {
-	resp, err := v.call(ctx, wire.Request{Op: wire.OpRun, Cmd: cmd, TimeoutMS: guestTimeout(ctx)})
+	return v.RunIn(ctx, "", cmd)
+}
+
+// RunIn is Run inside the network namespace /run/netns/<netns> ("" = root).
+// The command enters it with setns only: it keeps the VM root's mounts, so
+// /sys/class/net shows the root's devices (use "/usr/sbin/ip netns exec" in
+// the root namespace where that matters).
+func (v *VM) RunIn(ctx context.Context, netns, cmd string) (Result, error) {
+	resp, err := v.call(ctx, wire.Request{Op: wire.OpRun, Cmd: cmd, Netns: netns, TimeoutMS: guestTimeout(ctx)})
 	if err != nil {
 		return Result{}, err
 	}
@@ -108,12 +117,21 @@ func (v *VM) Run(ctx context.Context, cmd string) (Result, error) {
 // RunOK runs cmd and returns its stdout; any failure, the command's included,
 // is an error that quotes the command and its output.
 func (v *VM) RunOK(ctx context.Context, cmd string) (string, error) {
-	r, err := v.Run(ctx, cmd)
+	return v.RunInOK(ctx, "", cmd)
+}
+
+// RunInOK is RunOK inside a network namespace (see RunIn).
+func (v *VM) RunInOK(ctx context.Context, netns, cmd string) (string, error) {
+	r, err := v.RunIn(ctx, netns, cmd)
 	if err == nil {
 		err = r.Err()
 	}
 	if err != nil {
-		return r.Stdout, fmt.Errorf("guest command %q: %w", clip(cmd), err)
+		where := ""
+		if netns != "" {
+			where = " in netns " + netns
+		}
+		return r.Stdout, fmt.Errorf("guest command%s %q: %w", where, clip(cmd), err)
 	}
 	return r.Stdout, nil
 }
@@ -137,7 +155,12 @@ type ProcState struct {
 // Start runs cmd (with /bin/sh -c) in the background as name, its output
 // going to a log file in the guest. Names are unique among running processes.
 func (v *VM) Start(ctx context.Context, name, cmd string) (*Proc, error) {
-	resp, err := v.call(ctx, wire.Request{Op: wire.OpStart, Name: name, Cmd: cmd})
+	return v.StartIn(ctx, "", name, cmd)
+}
+
+// StartIn is Start inside a network namespace (see RunIn).
+func (v *VM) StartIn(ctx context.Context, netns, name, cmd string) (*Proc, error) {
+	resp, err := v.call(ctx, wire.Request{Op: wire.OpStart, Name: name, Cmd: cmd, Netns: netns})
 	if err != nil {
 		return nil, err
 	}

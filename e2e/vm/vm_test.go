@@ -50,6 +50,12 @@ func (s *hostServer) port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 // reachable from a node namespace through guestfwd.
 func TestBed(t *testing.T) {
 	testStart := time.Now()
+	last := testStart
+	phase := func(what string) {
+		t.Logf("%-28s %8v (total %v)", what, time.Since(last).Round(time.Millisecond),
+			time.Since(testStart).Round(time.Millisecond))
+		last = time.Now()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	host := startHostServer(t)
@@ -69,8 +75,9 @@ func TestBed(t *testing.T) {
 	}()
 	t.Logf("build %v, boot %v (QEMU start until vmexec answered)", v.BuildTime.Round(time.Millisecond),
 		v.BootTime.Round(time.Millisecond))
+	phase("build+boot")
 
-	out, err := v.RunOK(ctx, "uname -r; ipvsadm -v; ip -V")
+	out, err := v.RunOK(ctx, "uname -r; ipvsadm -v; /usr/sbin/ip -V")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +98,7 @@ func TestBed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	phase("topology")
 
 	for _, p := range []*Pod{podA, podB} {
 		if _, err := p.Start(ctx, "serve-"+p.Name,
@@ -103,11 +111,12 @@ func TestBed(t *testing.T) {
 			t.Fatalf("backend %s not up: %v", p.Name, err)
 		}
 	}
+	phase("backends up")
 
 	// IPVS by hand, as kube-proxy would program a ClusterIP service.
 	ipvs := fmt.Sprintf(`set -e
-ip link add kube-ipvs0 type dummy
-ip addr add 198.18.0.10/32 dev kube-ipvs0
+/usr/sbin/ip link add kube-ipvs0 type dummy
+/usr/sbin/ip addr add 198.18.0.10/32 dev kube-ipvs0
 ipvsadm -A -t 198.18.0.10:80 -s rr
 ipvsadm -a -t 198.18.0.10:80 -r %[1]s:8080 -m
 ipvsadm -a -t 198.18.0.10:80 -r %[2]s:8080 -m
@@ -118,6 +127,7 @@ ipvsadm -a -u 198.18.0.10:53 -r %[2]s:8053 -m
 	if _, err := node.RunOK(ctx, ipvs); err != nil {
 		t.Fatal(err)
 	}
+	phase("IPVS programmed")
 
 	t.Run("tcp via IPVS from a pod", func(t *testing.T) {
 		out := request(ctx, t, &clientPod.Netns, "tcp", "198.18.0.10:80", 20)
@@ -173,6 +183,7 @@ ipset list -n`
 		}
 	})
 
+	phase("checks")
 	t.Logf("test wall time %v", time.Since(testStart).Round(time.Millisecond))
 }
 

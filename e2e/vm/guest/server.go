@@ -15,12 +15,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"sync"
 	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 )
@@ -33,7 +35,10 @@ const (
 	waitDelay = time.Second
 )
 
-var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+var (
+	validName  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	validNetns = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+)
 
 // Server executes wire requests. Its zero value is not usable; use NewServer.
 type Server struct {
@@ -154,7 +159,9 @@ func (s *Server) run(ctx context.Context, req wire.Request) wire.Response {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Stdin = bytes.NewReader(req.Stdin)
 	cmd.WaitDelay = waitDelay
-	err = cmd.Run()
+	if err = startIn(cmd, req.Netns); err == nil {
+		err = cmd.Wait()
+	}
 	resp := wire.Response{Stdout: stdout.buf.Bytes(), Stderr: stderr.buf.Bytes()}
 	if ctx.Err() == context.DeadlineExceeded {
 		resp.TimedOut = true
@@ -172,6 +179,34 @@ func (s *Server) run(ctx context.Context, req wire.Request) wire.Response {
 		resp.ExitCode = -1
 	}
 	return resp
+}
+
+// startIn starts cmd inside the named network namespace ("" = the server's).
+// The fork happens on an OS thread moved into the namespace with setns; that
+// thread is never unlocked, so the runtime discards it afterwards.
+func startIn(cmd *exec.Cmd, netns string) error {
+	if netns == "" {
+		return cmd.Start()
+	}
+	if !validNetns.MatchString(netns) {
+		return fmt.Errorf("invalid netns name %q", netns)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open(filepath.Join("/run/netns", netns))
+		if err != nil {
+			errc <- fmt.Errorf("netns %s: %w", netns, err)
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", netns, err)
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
 }
 
 func (s *Server) start(req wire.Request) wire.Response {
@@ -195,7 +230,7 @@ func (s *Server) start(req wire.Request) wire.Response {
 		return wire.Response{Error: err.Error()}
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
+	if err := startIn(cmd, req.Netns); err != nil {
 		return wire.Response{Error: err.Error()}
 	}
 	p := &proc{name: req.Name, cmd: req.Cmd, logPath: logPath, pid: cmd.Process.Pid, done: make(chan struct{})}

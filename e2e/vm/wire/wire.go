@@ -33,6 +33,10 @@ type Request struct {
 	Op   Op       `json:"op"`
 	Cmd  string   `json:"cmd,omitempty"`
 	Argv []string `json:"argv,omitempty"`
+	// Netns runs the command (OpRun, OpStart) in the network namespace
+	// /run/netns/<Netns> (entered with setns; mounts, /sys included, stay the
+	// VM root's). Empty: the VM root namespace.
+	Netns string `json:"netns,omitempty"`
 	// Name identifies a background process (OpStart, OpKill, OpWait, OpLog).
 	Name      string `json:"name,omitempty"`
 	Stdin     []byte `json:"stdin,omitempty"`

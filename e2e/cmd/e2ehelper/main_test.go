@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vsplane/vsplane/e2e/vm/wire"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var servingRE = regexp.MustCompile(`serving (tcp|udp) (\S+)`)
+
+// startServe runs "e2ehelper serve" on loopback and returns its TCP and UDP addresses.
+func startServe(t *testing.T, name string) (tcpAddr, udpAddr string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	var out syncBuffer
+	go func() {
+		done <- run(ctx, []string{"serve", "--name", name, "--tcp", "127.0.0.1:0", "--udp", "127.0.0.1:0"}, &out, &out)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d: %s", code, out.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "ready") {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve not ready: %s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, m := range servingRE.FindAllStringSubmatch(out.String(), -1) {
+		if m[1] == "tcp" {
+			tcpAddr = m[2]
+		} else {
+			udpAddr = m[2]
+		}
+	}
+	return tcpAddr, udpAddr
+}
+
+func summaryOf(t *testing.T, out string) wire.Summary {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := lines[len(lines)-1]
+	rest, ok := strings.CutPrefix(last, wire.SummaryPrefix)
+	if !ok {
+		t.Fatalf("no summary line in %q", out)
+	}
+	var s wire.Summary
+	if err := json.Unmarshal([]byte(rest), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestRequestTCPAndUDP(t *testing.T) {
+	tcpAddr, udpAddr := startServe(t, "pod-a")
+	for _, tc := range []struct{ proto, addr string }{{"tcp", tcpAddr}, {"udp", udpAddr}} {
+		t.Run(tc.proto, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), []string{"request", "--proto", tc.proto, "--addr", tc.addr,
+				"--count", "5", "--timeout", "5s"}, &out, &errOut)
+			if code != 0 {
+				t.Fatalf("exit %d: %s %s", code, out.String(), errOut.String())
+			}
+			sum := summaryOf(t, out.String())
+			if sum.OK != 5 || sum.Fail != 0 || sum.Backends["pod-a"] != 5 {
+				t.Errorf("summary %+v", sum)
+			}
+			if !strings.Contains(out.String(), "1 ok pod-a from 127.0.0.1:") {
+				t.Errorf("answer lines should name the peer: %s", out.String())
+			}
+		})
+	}
+}
+
+func TestRequestFailureExitsNonZero(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"request", "--addr", addr, "--count", "2", "--timeout", "2s"}, &out, &errOut)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1: %s", code, out.String())
+	}
+	if sum := summaryOf(t, out.String()); sum.Fail != 2 || sum.OK != 0 {
+		t.Errorf("summary %+v", sum)
+	}
+}
+
+func TestHold(t *testing.T) {
+	tcpAddr, _ := startServe(t, "pod-b")
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"hold", "--addr", tcpAddr, "--interval", "10ms",
+		"--duration", "200ms"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	sum := summaryOf(t, out.String())
+	if sum.OK < 2 || sum.Fail != 0 || sum.Backends["pod-b"] != sum.OK {
+		t.Errorf("summary %+v\n%s", sum, out.String())
+	}
+	if !strings.Contains(out.String(), "pod-b echo: tick 1") {
+		t.Errorf("no echo in %s", out.String())
+	}
+}
+
+func TestWait(t *testing.T) {
+	tcpAddr, _ := startServe(t, "w")
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"wait", "--addr", tcpAddr, "--timeout", "5s"}, &out, &errOut); code != 0 {
+		t.Fatalf("wait for a listening server: exit %d %s", code, errOut.String())
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	errOut.Reset()
+	if code := run(context.Background(), []string{"wait", "--addr", closed, "--timeout", "300ms"}, &out, &errOut); code != 1 {
+		t.Fatalf("wait for nothing: exit %d, want 1", code)
+	}
+	if !strings.Contains(errOut.String(), "not reachable") {
+		t.Errorf("stderr %q", errOut.String())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"frob"},
+		{"serve", "--name", "x"},
+		{"serve", "--tcp", ":0"},
+		{"request"},
+		{"request", "--addr", "a:1", "--count", "0"},
+		{"request", "--addr", "a:1", "--proto", "sctp"},
+		{"hold", "--addr", "a:1", "--duration", "2h"},
+		{"wait"},
+		{"request", "--bogus"},
+	} {
+		t.Run(fmt.Sprint(args), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := run(context.Background(), args, &out, &errOut); code != 2 {
+				t.Errorf("exit %d, want 2 (stderr %q)", code, errOut.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,81 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBootWithoutKernelNamesDepsScript(t *testing.T) {
+	_, err := Boot(context.Background(), Options{CacheDir: t.TempDir()})
+	if !errors.Is(err, ErrDepsMissing) || !strings.Contains(err.Error(), "scripts/vm/deps.sh") {
+		t.Fatalf("want an ErrDepsMissing naming deps.sh, got %v", err)
+	}
+}
+
+func TestGuestFwdRules(t *testing.T) {
+	got, err := guestFwdRules([]int{2379, 6443})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ",guestfwd=tcp:198.19.255.100:2379-cmd:socat - TCP:127.0.0.1:2379" +
+		",guestfwd=tcp:198.19.255.100:6443-cmd:socat - TCP:127.0.0.1:6443"
+	if got != want {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+	for _, bad := range [][]int{{0}, {70000}, {80, 80}} {
+		if _, err := guestFwdRules(bad); err == nil {
+			t.Errorf("ports %v accepted", bad)
+		}
+	}
+}
+
+func TestParseSummary(t *testing.T) {
+	out := "1 ok pod-a from 198.19.1.13:1\n2 fail: timeout\nsummary {\"ok\":1,\"fail\":1,\"backends\":{\"pod-a\":1}}\n"
+	s, err := ParseSummary(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.OK != 1 || s.Fail != 1 || s.Backends["pod-a"] != 1 {
+		t.Errorf("got %+v", s)
+	}
+	if _, err := ParseSummary("no summary here"); err == nil {
+		t.Error("missing summary accepted")
+	}
+	if _, err := ParseSummary("summary {bad"); err == nil {
+		t.Error("bad summary accepted")
+	}
+}
+
+func TestShellQuote(t *testing.T) {
+	for _, s := range []string{"", "plain", "it's", `a "b" $c \d`, "x'y'z"} {
+		out, err := exec.Command("sh", "-c", "printf %s "+ShellQuote(s)).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(out) != s {
+			t.Errorf("quoted %q came back as %q", s, out)
+		}
+	}
+}
+
+func TestFindRepoRoot(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := FindRepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "scripts", "vm", "build-initramfs.sh")); err != nil {
+		t.Errorf("root %s has no scripts/vm: %v", root, err)
+	}
+	if _, err := FindRepoRoot(t.TempDir()); err == nil {
+		t.Error("found a repo root above a temp dir")
+	}
+}
