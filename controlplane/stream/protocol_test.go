@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/vsplane/vsplane/controlplane/stream"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -343,4 +344,13 @@ func TestShutdownEndsStreamsWithUnavailable(t *testing.T) {
 		t.Fatalf("new stream after Shutdown: %v, want Unavailable", c)
 	}
 	waitFor(t, func() bool { return e.srv.Registry().Len() == 0 })
+}
+
+func TestSilentPeerTimesOut(t *testing.T) {
+	e := newEnvOpts(t, false, stream.Options{HelloTimeout: 50 * time.Millisecond})
+	a := e.open()
+	err := a.streamErr()
+	if c := statusCode(t, err); c != codes.InvalidArgument || !strings.Contains(err.Error(), "no Hello within") {
+		t.Fatalf("silent peer: %v", err)
+	}
 }

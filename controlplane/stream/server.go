@@ -3,8 +3,8 @@
 //
 // Protocol as implemented here:
 //
-//   - The first message must be a Hello with a non-empty node name, else the
-//     stream ends with InvalidArgument. Any message without a payload, a second
+//   - The first message must be a Hello with a non-empty node name, within
+//     Options.HelloTimeout, else the stream ends with InvalidArgument. Any message without a payload, a second
 //     Hello, or an Ack with status UNSPECIFIED also ends the stream with
 //     InvalidArgument (a protocol bug should be loud, and the agent reconnects).
 //     An Ack whose nonce is not in flight (stale or duplicate) is logged and
@@ -30,6 +30,7 @@ package stream
 
 import (
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -45,6 +46,8 @@ type Options struct {
 	// MaxInFlight is the number of Deltas that may be unacknowledged at once;
 	// 0 means 1.
 	MaxInFlight int
+	// HelloTimeout bounds the wait for the first message; 0 means 30s.
+	HelloTimeout time.Duration
 	// Hooks observe streams (metrics).
 	Hooks Hooks
 }
@@ -53,11 +56,12 @@ type Options struct {
 type Server struct {
 	vsplanev1.UnimplementedAgentServiceServer
 
-	src         Source
-	log         *zap.Logger
-	maxInFlight int
-	hooks       Hooks
-	reg         *Registry
+	src          Source
+	log          *zap.Logger
+	maxInFlight  int
+	helloTimeout time.Duration
+	hooks        Hooks
+	reg          *Registry
 
 	shutdownOnce sync.Once
 	shutdown     chan struct{}
@@ -73,13 +77,18 @@ func NewServer(src Source, opts Options) *Server {
 	if mif <= 0 {
 		mif = 1
 	}
+	ht := opts.HelloTimeout
+	if ht <= 0 {
+		ht = 30 * time.Second
+	}
 	return &Server{
-		src:         src,
-		log:         log.Named("stream"),
-		maxInFlight: mif,
-		hooks:       opts.Hooks,
-		reg:         newRegistry(src),
-		shutdown:    make(chan struct{}),
+		helloTimeout: ht,
+		src:          src,
+		log:          log.Named("stream"),
+		maxInFlight:  mif,
+		hooks:        opts.Hooks,
+		reg:          newRegistry(src),
+		shutdown:     make(chan struct{}),
 	}
 }
 

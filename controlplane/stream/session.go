@@ -66,7 +66,7 @@ func invalid(format string, args ...any) error {
 
 // accept reads and validates the Hello, registers the agent and subscribes.
 func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, error) {
-	first, err := stream.Recv()
+	first, err := s.recvHello(stream)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, invalid("stream closed before Hello")
@@ -117,6 +117,31 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		sent: held, nacked: map[string]string{}, dirty: map[string]struct{}{},
 		needFull: true,
 	}, nil
+}
+
+// recvHello waits at most helloTimeout for the first message, so a peer that
+// connects and never speaks does not hold a handler forever.
+func (s *Server) recvHello(stream vsplanev1.AgentService_ConnectServer) (*vsplanev1.ConnectRequest, error) {
+	type result struct {
+		m   *vsplanev1.ConnectRequest
+		err error
+	}
+	ch := make(chan result, 1) // buffered: the goroutine never blocks after a timeout
+	go func() {
+		m, err := stream.Recv()
+		ch <- result{m, err}
+	}()
+	t := time.NewTimer(s.helloTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.m, r.err
+	case <-t.C:
+		// Returning ends the RPC, which makes the pending Recv return.
+		return nil, invalid("no Hello within %v", s.helloTimeout)
+	case <-s.shutdown:
+		return nil, errShuttingDown()
+	}
 }
 
 func describe(m *vsplanev1.ConnectRequest) string {

@@ -35,15 +35,19 @@ type env struct {
 // versioned=true wraps the source in streamtest.Versioned (incremental path).
 func newEnv(t *testing.T, realSocket bool, versioned ...bool) *env {
 	t.Helper()
+	return newEnvOpts(t, realSocket, stream.Options{}, versioned...)
+}
+
+func newEnvOpts(t *testing.T, realSocket bool, opts stream.Options, versioned ...bool) *env {
+	t.Helper()
 	e := &env{t: t, src: streamtest.New(), acks: make(chan stream.AckEvent, 100)}
 	var src stream.Source = e.src
 	if len(versioned) > 0 && versioned[0] {
 		src = streamtest.Versioned{Source: e.src}
 	}
-	e.srv = stream.NewServer(src, stream.Options{
-		Logger: zaptest.NewLogger(t),
-		Hooks:  stream.Hooks{OnAck: func(ev stream.AckEvent) { e.acks <- ev }},
-	})
+	opts.Logger = zaptest.NewLogger(t)
+	opts.Hooks.OnAck = func(ev stream.AckEvent) { e.acks <- ev }
+	e.srv = stream.NewServer(src, opts)
 	gs, err := grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t)}, func(r grpc.ServiceRegistrar) {
 		vsplanev1.RegisterAgentServiceServer(r, e.srv)
 	})
