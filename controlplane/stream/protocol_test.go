@@ -354,3 +354,21 @@ func TestSilentPeerTimesOut(t *testing.T) {
 		t.Fatalf("silent peer: %v", err)
 	}
 }
+
+func TestNackWithoutResourceNameFailsWholeDelta(t *testing.T) {
+	e := newEnv(t, false)
+	e.src.Set("n1", "service/default/a", "a1", t0)
+	e.src.Set("n1", "service/default/b", "b1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	d := a.delta()
+	a.ack(d.GetNonce(), &vsplanev1.ResourceError{Message: "applier crashed"})
+	e.waitAck(d.GetNonce())
+	info, _ := e.srv.Registry().Agent("n1")
+	if len(info.GetAcknowledgedVersions()) != 0 || info.GetPendingResources() != 2 || info.GetLastNackError() == "" {
+		t.Fatalf("agent info = %v", info)
+	}
+	// Neither is resent; a new resource is.
+	e.src.Set("n1", "service/default/c", "c1", t0)
+	expectDelta(t, a.delta(), []string{"service/default/c@c1"}, nil)
+}

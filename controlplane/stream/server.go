@@ -24,7 +24,9 @@
 //     so a slow agent gets fewer, larger Deltas.
 //   - A name is sent when its desired version differs from the version last
 //     sent on this stream (or reported in Hello). A NACKed version is
-//     remembered and not resent until the desired version changes.
+//     remembered and not resent until the desired version changes. A NACK
+//     fails the resources its errors name; a NACK with no errors, or with an
+//     error whose name is empty, fails every resource of its Delta.
 //   - A new stream for a node closes the older one with Aborted.
 package stream
 

@@ -248,12 +248,17 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 	ss.inflight = slices.Delete(ss.inflight, idx, idx+1)
 
 	failed := map[string]*vsplanev1.ResourceError{}
+	unnamed := false
 	for _, e := range ack.GetErrors() {
+		if e.GetName() == "" {
+			unnamed = true
+			continue
+		}
 		failed[e.GetName()] = e
 	}
-	// A NACK without per-resource errors: treat every resource of the Delta as
-	// failed (nothing counted as acknowledged, nothing resent).
-	allFailed := ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK && len(failed) == 0
+	// A NACK without per-resource errors, or with an error naming no resource,
+	// fails the whole Delta: nothing counted as acknowledged, nothing resent.
+	allFailed := ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK && (len(failed) == 0 || unnamed)
 
 	ss.st.mu.Lock()
 	for name, v := range d.upserts {
@@ -305,6 +310,10 @@ func nackSummary(errs []*vsplanev1.ResourceError) string {
 		if i == maxShown {
 			parts = append(parts, fmt.Sprintf("and %d more", len(errs)-maxShown))
 			break
+		}
+		if e.GetName() == "" {
+			parts = append(parts, e.GetMessage())
+			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s@%s: %s", e.GetName(), e.GetVersion(), e.GetMessage()))
 	}
