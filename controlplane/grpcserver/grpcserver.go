@@ -13,8 +13,10 @@ import (
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -122,8 +124,14 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		unary = append(unary, metrics.UnaryServerInterceptor())
 		streams = append(streams, metrics.StreamServerInterceptor())
 	}
-	unary = append(unary, logging.UnaryServerInterceptor(zl, logOpts...), recovery.UnaryServerInterceptor(recoveryOpt))
-	streams = append(streams, logging.StreamServerInterceptor(zl, logOpts...), recovery.StreamServerInterceptor(recoveryOpt))
+	// Health checks (kubelet probes every few seconds) are not logged.
+	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+	})
+	unary = append(unary, selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(zl, logOpts...), notHealth),
+		recovery.UnaryServerInterceptor(recoveryOpt))
+	streams = append(streams, selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, logOpts...), notHealth),
+		recovery.StreamServerInterceptor(recoveryOpt))
 
 	maxRecv := opts.MaxRecvMsgSize
 	if maxRecv <= 0 {

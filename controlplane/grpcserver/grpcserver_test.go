@@ -2,6 +2,7 @@ package grpcserver_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -99,5 +101,38 @@ func TestMetricsRegisteredTwiceIsAnError(t *testing.T) {
 	}
 	if _, err := grpcserver.New(grpcserver.Options{}, nil); err == nil {
 		t.Fatal("nil register func should fail")
+	}
+}
+
+func TestCallsLoggedExceptHealthChecks(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	s, err := grpcserver.New(grpcserver.Options{Logger: zap.New(core)},
+		func(r grpc.ServiceRegistrar) { r.RegisterService(&panicService, struct{}{}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(lis) }()
+	defer s.Stop(time.Second)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Invoke(ctx, "/test.Panic/Boom", &emptypb.Empty{}, &emptypb.Empty{})
+	var methods []string
+	for _, e := range logs.FilterMessage("finished call").All() {
+		methods = append(methods, fmt.Sprint(e.ContextMap()["grpc.method"]))
+	}
+	if len(methods) != 1 || methods[0] != "Boom" {
+		t.Fatalf("finished-call logs for methods %v, want only [Boom]", methods)
 	}
 }
