@@ -100,11 +100,16 @@ func TestBed(t *testing.T) {
 	}
 	phase("topology")
 
+	servers := map[string]*Proc{}
 	for _, p := range []*Pod{podA, podB} {
-		if _, err := p.Start(ctx, "serve-"+p.Name,
-			"e2ehelper serve --name "+p.Name+" --tcp :8080 --udp :8053"); err != nil {
+		proc, err := p.Start(ctx, "serve-"+p.Name, "e2ehelper serve --name "+p.Name+" --tcp :8080 --udp :8053")
+		if err != nil {
 			t.Fatal(err)
 		}
+		servers[p.Name] = proc
+	}
+	if _, err := servers["pod-a"].AwaitLog(ctx, "ready"); err != nil {
+		t.Fatal(err)
 	}
 	for _, p := range []*Pod{podA, podB} {
 		if _, err := node.RunOK(ctx, "e2ehelper wait --timeout 60s --addr "+p.IP+":8080"); err != nil {
@@ -141,6 +146,38 @@ ipvsadm -a -u 198.18.0.10:53 -r %[2]s:8053 -m
 	})
 	t.Run("udp via IPVS from a pod", func(t *testing.T) {
 		request(ctx, t, &clientPod.Netns, "udp", "198.18.0.10:53", 20)
+	})
+
+	t.Run("long-lived connection through IPVS, background processes", func(t *testing.T) {
+		hold, err := clientPod.Start(ctx, "hold",
+			"e2ehelper hold --addr 198.18.0.10:80 --interval 200ms --duration 2s --timeout 5s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		st, err := hold.Wait(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Running || st.ExitCode != 0 {
+			t.Fatalf("hold: running=%v exit=%d\n%s", st.Running, st.ExitCode, st.Log)
+		}
+		sum, err := ParseSummary(st.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.OK < 2 || sum.Fail != 0 || len(sum.Backends) != 1 {
+			t.Errorf("one connection should echo several lines from one backend: %+v\n%s", sum, st.Log)
+		}
+		// e2ehelper exits 0 on SIGTERM.
+		st, err = servers["pod-b"].Kill(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Running || st.ExitCode != 0 || !strings.Contains(st.Log, "ready") {
+			t.Errorf("killed server: running=%v exit=%d log=%q", st.Running, st.ExitCode, st.Log)
+		}
 	})
 
 	t.Run("node reaches host loopback through guestfwd", func(t *testing.T) {

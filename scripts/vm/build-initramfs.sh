@@ -122,7 +122,7 @@ build_base() {
   [ -e usr/sbin/modprobe ] || ln -s ../bin/busybox usr/sbin/modprobe
 
   # Kernel modules.
-  [ -f "$KMOD/modules.dep" ] || depmod -b "$KDIR" "$KVER"
+  [ -f "$KMOD/modules.dep" ] || die "no $KMOD/modules.dep: run scripts/vm/deps.sh"
   local mods=() d m
   for d in "${MOD_DIRS[@]}"; do
     while read -r m; do mods+=("${m#"$KMOD"/}"); done < <(find "$KMOD/$d" -name '*.ko*' 2>/dev/null)
@@ -154,6 +154,8 @@ build_base() {
   find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet > "$BASE.tmp.$$"
   mv "$BASE.tmp.$$" "$BASE"
   cd - >/dev/null
+  # Bases of older scripts or kernels are dead weight (27 MB each).
+  find "$CACHE" -maxdepth 1 -name 'base-*.cpio' ! -name "$(basename "$BASE")" -mmin +10 -delete
 }
 
 if [ ! -f "$BASE" ]; then

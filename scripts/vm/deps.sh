@@ -61,7 +61,7 @@ find_kernel_pkg() {
 # VSPLANE_VM_REFRESH=1 resolves linux-image-amd64 again.
 cached="$(readlink "$CACHE/kernel" 2>/dev/null || true)"
 if [ -z "${VSPLANE_VM_REFRESH:-}" ] && [ -n "$cached" ] && [ -f "$CACHE/$cached/.done" ] &&
-  [ -s "$CACHE/$cached/vmlinux" ]; then
+  [ -s "$CACHE/$cached/vmlinux" ] && [ -s "$CACHE/$cached/lib/modules/${cached#kernel-}/modules.dep" ]; then
   echo "$CACHE/$cached"
   exit 0
 fi
@@ -107,6 +107,9 @@ if [ ! -s "$kdir/vmlinux" ]; then
     { echo "deps.sh: extracting vmlinux from $bz failed" >&2; exit 1; }
   mv "$kdir/vmlinux.tmp" "$kdir/vmlinux"
 fi
+# modules.dep of the whole tree, once: build-initramfs.sh picks modules with it.
+kmods="$kdir/lib/modules/$kver"
+[ -s "$kmods/modules.dep" ] || depmod -b "$kdir" "$kver"
 # A stable pointer for the other scripts and the Go package.
 ln -sfn "kernel-$kver" "$CACHE/kernel"
 echo "$kdir"
