@@ -11,7 +11,7 @@ import (
 // Addresses of the in-VM topology (see README.md for the diagram).
 const (
 	BridgeName = "vsbr0"
-	BridgeIP   = "198.19.0.1"   // VM root namespace on the node bridge
+	BridgeIP   = "198.19.0.1"    // VM root namespace on the node bridge
 	NodeNet    = "198.19.0.0/24" // node IPs: 198.19.0.(10+N)
 	ServiceNet = "198.18.0.0/16" // ClusterIPs, routed to a node by clients
 	maxNodes   = 100

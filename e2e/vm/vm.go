@@ -63,8 +63,8 @@ type VM struct {
 	qemuOut  string
 	execAddr string // host address of vmexec (hostfwd)
 
-	cmd    *exec.Cmd
-	exited chan struct{} // closed when qemu has exited
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when qemu has exited
 	waitErr error
 
 	// BuildTime is how long building the binaries and the initramfs took;
