@@ -42,6 +42,9 @@ type Config struct {
 	Reconcile reconcile.Config
 	// BackoffBase and BackoffMax bound reconnect delays (client defaults if 0).
 	BackoffBase, BackoffMax time.Duration
+	// StateDir keeps the applied resources across restarts (a tmpfs such as
+	// /run/vsplane); empty disables it and a restart resyncs everything.
+	StateDir string
 	// MetricsListener, if set, serves /metrics, /healthz and /livez.
 	MetricsListener net.Listener
 	Logger          *zap.Logger
@@ -53,6 +56,7 @@ type Config struct {
 type Agent struct {
 	cfg        Config
 	kernel     kernel.Kernel
+	state      *persistentApplier
 	Reconciler *reconcile.Reconciler
 	Client     *client.Client
 	log        *zap.Logger
@@ -86,12 +90,19 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: reconciler: %w", err)
 	}
 	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log}
+	var applier client.Applier = rec
+	if cfg.StateDir != "" {
+		if a.state, err = newPersistentApplier(rec, cfg.StateDir, log.Named("state")); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		applier = a.state
+	}
 	a.Client, err = client.New(client.Config{
 		Target:       cfg.ControlPlane,
 		NodeName:     cfg.NodeName,
 		AgentVersion: Version,
 		Capabilities: a.capabilities,
-		Applier:      rec,
+		Applier:      applier,
 		Logger:       log.Named("client"),
 		BackoffBase:  cfg.BackoffBase,
 		BackoffMax:   cfg.BackoffMax,
@@ -153,6 +164,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	g.Go(func() error { return ignoreCanceled(a.Reconciler.Run(ctx)) })
 	g.Go(func() error { return ignoreCanceled(a.Client.Run(ctx)) })
 	g.Go(func() error { a.reportStatus(ctx); return nil })
+	if a.state != nil {
+		g.Go(func() error { a.state.run(ctx); return nil })
+	}
 	if a.cfg.MetricsListener != nil {
 		srv := &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {

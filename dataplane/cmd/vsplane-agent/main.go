@@ -35,6 +35,7 @@ func run() error {
 		ipv6         = flag.Bool("ipv6", false, "also manage IPv6 (ip6tables, KUBE-6- sets)")
 		metricsAddr  = flag.String("metrics-address", "127.0.0.1:10249", "address for /metrics and /healthz; empty disables")
 		backoffMax   = flag.Duration("reconnect-backoff-max", 30*time.Second, "upper bound of the reconnect delay")
+		stateDir     = flag.String("state-dir", "/run/vsplane", "where the agent keeps its applied state across restarts (use a tmpfs); empty disables")
 		debug        = flag.Bool("debug", false, "debug logging")
 	)
 	flag.Parse()
@@ -61,6 +62,7 @@ func run() error {
 		NodeName:     *nodeName,
 		Reconcile:    reconcile.Config{Period: *period, Families: families},
 		BackoffMax:   *backoffMax,
+		StateDir:     *stateDir,
 		Logger:       log,
 	}
 	if *metricsAddr != "" {

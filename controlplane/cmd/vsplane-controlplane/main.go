@@ -1,0 +1,144 @@
+// Command vsplane-controlplane watches the API server once and streams each
+// node's desired IPVS state to the vsplane agents. Flags and wiring only; see
+// package app.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/vsplane/vsplane/controlplane/app"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/controlplane/watch"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "vsplane-controlplane:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		kubeconfig    = flag.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
+		listen        = flag.String("listen", ":18000", "gRPC address (agent stream, inspection, health, reflection)")
+		metricsAddr   = flag.String("metrics-address", "127.0.0.1:18001", "address for /metrics; empty disables")
+		minSync       = flag.Duration("min-sync-interval", 100*time.Millisecond, "minimum interval between recomputations")
+		maxSync       = flag.Duration("max-sync-interval", time.Hour, "maximum interval between recomputations (periodic resync)")
+		scheduler     = flag.String("scheduler", "rr", "default IPVS scheduler")
+		tcpTimeout    = flag.Duration("ipvs-tcp-timeout", 0, "IPVS TCP timeout; 0 leaves the kernel's value")
+		tcpFinTimeout = flag.Duration("ipvs-tcpfin-timeout", 0, "IPVS TCP FIN timeout; 0 leaves the kernel's value")
+		udpTimeout    = flag.Duration("ipvs-udp-timeout", 0, "IPVS UDP timeout; 0 leaves the kernel's value")
+		strictARP     = flag.Bool("ipvs-strict-arp", false, "set arp_ignore=1 and arp_announce=2 on nodes")
+		masqAll       = flag.Bool("masquerade-all", false, "SNAT all traffic to Service addresses")
+		masqBit       = flag.Uint("masquerade-bit", 14, "packet-mark bit requesting masquerade")
+		clusterCIDRs  = flag.String("cluster-cidr", "", "comma-separated pod CIDRs (local-traffic detection)")
+		excludeCIDRs  = flag.String("ipvs-exclude-cidrs", "", "comma-separated CIDRs whose virtual servers agents never delete")
+		npAddrs       = flag.String("nodeport-addresses", "", "comma-separated CIDRs selecting NodePort addresses (empty: all)")
+		agentPeriod   = flag.Duration("agent-reconcile-period", 0, "agents' full-reconcile period; 0 keeps each agent's flag")
+		qps           = flag.Float64("kube-api-qps", 50, "API server client QPS")
+		debug         = flag.Bool("debug", false, "debug logging")
+	)
+	flag.Parse()
+
+	logCfg := zap.NewProductionConfig()
+	if *debug {
+		logCfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	}
+	log, err := logCfg.Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	tcfg := translate.Config{
+		DefaultScheduler: *scheduler,
+		TCPTimeout:       *tcpTimeout,
+		TCPFinTimeout:    *tcpFinTimeout,
+		UDPTimeout:       *udpTimeout,
+		StrictARP:        *strictARP,
+		MasqueradeAll:    *masqAll,
+		MasqueradeBit:    uint32(*masqBit),
+		ReconcilePeriod:  *agentPeriod,
+	}
+	for _, f := range []struct {
+		name string
+		in   string
+		out  *[]netip.Prefix
+	}{{"cluster-cidr", *clusterCIDRs, &tcfg.ClusterCIDRs}, {"ipvs-exclude-cidrs", *excludeCIDRs, &tcfg.ExcludeCIDRs}, {"nodeport-addresses", *npAddrs, &tcfg.NodePortAddresses}} {
+		if *f.out, err = parseCIDRs(f.in); err != nil {
+			return fmt.Errorf("--%s: %w", f.name, err)
+		}
+	}
+	if *masqBit > 31 {
+		return fmt.Errorf("--masquerade-bit %d: must be 0..31", *masqBit)
+	}
+
+	var restCfg *rest.Config
+	if *kubeconfig != "" {
+		restCfg, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	} else {
+		restCfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes client config: %w", err)
+	}
+	restCfg.QPS, restCfg.Burst = float32(*qps), int(*qps*2)
+	kube, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+
+	grpcLn, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", *listen, err)
+	}
+	cfg := app.Config{
+		Kube:         kube,
+		GRPCListener: grpcLn,
+		Watch:        watch.Options{MinInterval: *minSync, MaxInterval: *maxSync},
+		Translate:    tcfg,
+		Logger:       log,
+	}
+	if *metricsAddr != "" {
+		if cfg.MetricsListener, err = net.Listen("tcp", *metricsAddr); err != nil {
+			return fmt.Errorf("listen %s: %w", *metricsAddr, err)
+		}
+	}
+	replica, err := app.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return replica.Run(ctx)
+}
+
+func parseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
