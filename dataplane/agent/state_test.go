@@ -1,0 +1,95 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/vsplane/vsplane/controlplane/snapshot"
+	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/dataplane/reconcile"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+func webResource(t *testing.T, backend string) *vsplanev1.Resource {
+	t.Helper()
+	r, err := snapshot.NewServiceResource(&vsplanev1.ServiceState{
+		Namespace: "default", Name: "web",
+		VirtualServers: []*vsplanev1.VirtualServer{{
+			Kind: vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP, Address: "198.18.0.10", Family: vsplanev1.IPFamily_IP_FAMILY_IPV4,
+			Port: 80, Protocol: vsplanev1.Protocol_PROTOCOL_TCP, Binding: vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS,
+			RealServers: []*vsplanev1.RealServer{{Address: backend, Port: 8080, Weight: 1, Ready: true, Serving: true}},
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func newStateApplier(t *testing.T, mem *memory.Kernel, dir string) *persistentApplier {
+	t.Helper()
+	rec, err := reconcile.New(mem.Kernel(), reconcile.Config{}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newPersistentApplier(rec, dir, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestRestartResumesWithoutKernelWrites(t *testing.T) {
+	ctx := context.Background()
+	mem, dir := memory.New(), t.TempDir()
+	web := webResource(t, "198.19.1.10")
+
+	p := newStateApplier(t, mem, dir)
+	if ack := p.Apply(ctx, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{web}}); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		t.Fatalf("apply: %v", ack)
+	}
+	p.save()
+
+	// A new process: it says Hello with the saved versions...
+	mem.ResetCalls()
+	p2 := newStateApplier(t, mem, dir)
+	if got := p2.Versions(); got[web.GetName()] != web.GetVersion() || len(got) != 1 {
+		t.Fatalf("restored versions %v, want %s=%s", got, web.GetName(), web.GetVersion())
+	}
+	// ...receives an empty first Delta, and touches nothing.
+	if ack := p2.Apply(ctx, &vsplanev1.Delta{Nonce: "1"}); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		t.Fatalf("apply after restart: %v", ack)
+	}
+	if calls := mem.Calls(); len(calls) != 0 {
+		t.Fatalf("restart wrote to the kernel: %v", calls)
+	}
+	if got := p2.Versions(); got[web.GetName()] != web.GetVersion() {
+		t.Fatalf("after first apply the reconciler holds %v", got)
+	}
+
+	// A change while down arrives as the only resource of the first Delta.
+	p3 := newStateApplier(t, mem, dir)
+	web2 := webResource(t, "198.19.1.11")
+	ack := p3.Apply(ctx, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{web2}})
+	if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		t.Fatalf("apply: %v", ack)
+	}
+	if ops := ack.GetKernelOperations(); ops[reconcile.OpAddService] != 0 || ops[reconcile.OpDeleteService] != 0 {
+		t.Fatalf("a one-backend change re-created the virtual server: %v", ops)
+	}
+}
+
+func TestDamagedStateFileMeansFullResync(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte("not a protobuf \xff\xff"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := newStateApplier(t, memory.New(), dir)
+	if got := p.Versions(); len(got) != 0 {
+		t.Fatalf("damaged file restored %v, want nothing", got)
+	}
+}
