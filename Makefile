@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 
-.PHONY: all tools proto build test test-unit test-e2e lint check-generated run kube vm-deps clean
+.PHONY: all tools proto build test lint check-generated demo kube vm-deps clean
 
 all: build
 
@@ -56,6 +56,10 @@ vm-deps:
 ## test: everything CI runs — lint, unit, real-apiserver integration, VM tests
 test: tools kube vm-deps lint
 	$(GO) test -count=1 -timeout 45m ./...
+
+## demo: the main job — apiserver, control plane, VM with two agent nodes, a Service through IPVS
+demo: tools
+	DURATION=$(DURATION) bash scripts/demo.sh
 
 clean:
 	rm -rf $(BIN) _out
