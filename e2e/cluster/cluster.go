@@ -1,0 +1,405 @@
+// Package cluster runs a whole vsplane cluster on one machine for the VM
+// tests and the demo: a real etcd + kube-apiserver on loopback (kubeenv), one
+// in-process control-plane replica on 127.0.0.1:PORT, and the QEMU test bed
+// (e2e/vm) with one node network namespace per Node object, each running a
+// real vsplane-agent that reaches the control plane through guestfwd at
+// 198.19.255.100:PORT.
+//
+//	host 127.0.0.1                     QEMU VM
+//	etcd, kube-apiserver ◀── watch ── control plane :PORT ◀══ guestfwd ══ vsplane-agent (node1, node2, ...)
+//	                                                                      pods: e2ehelper serve :8080 tcp+udp
+//	                                                                      client: 198.18.0.0/16 via node1
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/vsplane/vsplane/controlplane/app"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/controlplane/watch"
+	"github.com/vsplane/vsplane/e2e/kubeenv"
+	"github.com/vsplane/vsplane/e2e/vm"
+)
+
+// ServePort is the port every pod's e2ehelper serves on, TCP and UDP.
+const ServePort = 8080
+
+// AgentPackage is the agent's Go package, built into the guest.
+const AgentPackage = "./dataplane/cmd/vsplane-agent"
+
+// Options configure Start. The zero value gives two nodes with no pods.
+type Options struct {
+	// Nodes is the number of node namespaces and Node objects (default 2).
+	Nodes int
+	// Pods lists pod names per node index (0 = node1); each pod runs
+	// "e2ehelper serve --name <pod> --tcp :8080 --udp :8080".
+	Pods [][]string
+	// ReconcilePeriod is the agents' --reconcile-period (default 30s).
+	ReconcilePeriod time.Duration
+	// Zone is the topology.kubernetes.io/zone label of every Node (default zone-a).
+	Zone string
+	// Binaries are extra static host executables put in the guest's /usr/local/bin.
+	Binaries []string
+	// Kube configures etcd + kube-apiserver.
+	Kube kubeenv.Options
+	// VMBootTimeout bounds the guest build and boot (default 5 minutes: TCG on a busy host).
+	VMBootTimeout time.Duration
+	// Log receives progress; default zap.NewNop().
+	Log *zap.Logger
+}
+
+// Cluster is a running cluster. Its methods are safe for concurrent use
+// unless they say otherwise; Stop tears everything down.
+type Cluster struct {
+	Env     *kubeenv.Env
+	Kube    kubernetes.Interface
+	Replica *app.Replica
+	// CPAddr is the control plane's host address, 127.0.0.1:CPPort.
+	CPAddr string
+	CPPort int
+	VM     *vm.VM
+	Topo   *vm.Topology
+	Nodes  []*vm.Node
+	// Pods by name.
+	Pods   map[string]*vm.Pod
+	Client *vm.Netns
+
+	opts     Options
+	log      *zap.Logger
+	cpCancel context.CancelFunc
+	cpDone   chan error
+
+	mu     sync.Mutex
+	agents map[string]*vm.Proc // node name -> running agent
+	starts map[string]int      // node name -> agent starts so far (process names must be unique)
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start brings the whole cluster up: apiserver, control plane, VM, topology,
+// Node objects, pods and one agent per node (each awaited until its stream
+// is open). On error everything already started is torn down. ctx bounds
+// start-up only.
+func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
+	if opts.Nodes == 0 {
+		opts.Nodes = 2
+	}
+	if opts.Nodes < 1 || opts.Nodes > 9 {
+		return nil, fmt.Errorf("cluster: Nodes must be 1..9, got %d", opts.Nodes)
+	}
+	if len(opts.Pods) > opts.Nodes {
+		return nil, fmt.Errorf("cluster: pods given for %d nodes, only %d nodes", len(opts.Pods), opts.Nodes)
+	}
+	if opts.ReconcilePeriod == 0 {
+		opts.ReconcilePeriod = 30 * time.Second
+	}
+	if opts.Zone == "" {
+		opts.Zone = "zone-a"
+	}
+	if opts.VMBootTimeout == 0 {
+		opts.VMBootTimeout = 5 * time.Minute
+	}
+	log := opts.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c := &Cluster{opts: opts, log: log, Pods: map[string]*vm.Pod{}, agents: map[string]*vm.Proc{}, starts: map[string]int{}}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+
+	if opts.Kube.Logger == nil {
+		opts.Kube.Logger = log.Named("kubeenv")
+	}
+	t0 := time.Now()
+	c.Env, err = kubeenv.Start(ctx, opts.Kube)
+	if err != nil {
+		return nil, fmt.Errorf("start etcd + kube-apiserver (binaries: bash scripts/kube/build.sh): %w", err)
+	}
+	log.Info("apiserver ready", zap.String("host", c.Env.Host), zap.Duration("took", time.Since(t0)))
+	c.Kube, err = kubernetes.NewForConfig(c.Env.RESTConfig())
+	if err != nil {
+		return nil, err
+	}
+
+	// The listener is handed to the replica as is: no window in which another
+	// process could take the port.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	c.CPAddr = ln.Addr().String()
+	c.CPPort = ln.Addr().(*net.TCPAddr).Port
+	c.Replica, err = app.New(app.Config{
+		Kube:         c.Kube,
+		GRPCListener: ln,
+		Watch:        watch.Options{MinInterval: 50 * time.Millisecond},
+		// The pod CIDRs are the cluster CIDRs: traffic from the client (a node-
+		// network address) to a ClusterIP is then masqueraded like kube-proxy
+		// does for off-cluster sources, so replies from other nodes' pods come
+		// back through the node that did the IPVS DNAT.
+		Translate: translate.Config{ClusterCIDRs: podCIDRs(opts.Nodes)},
+		Logger:    log.Named("controlplane"),
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	cpCtx, cpCancel := context.WithCancel(context.Background())
+	c.cpCancel, c.cpDone = cpCancel, make(chan error, 1)
+	go func() { c.cpDone <- c.Replica.Run(cpCtx) }()
+	log.Info("control plane serving", zap.String("addr", c.CPAddr))
+
+	bctx, cancel := context.WithTimeout(ctx, opts.VMBootTimeout)
+	defer cancel()
+	c.VM, err = vm.Boot(bctx, vm.Options{
+		GuestFwdPorts: []int{c.CPPort},
+		GoPackages:    []string{AgentPackage},
+		Binaries:      opts.Binaries,
+		BootTimeout:   opts.VMBootTimeout,
+		Log:           log.Named("vm"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boot VM: %w", err)
+	}
+	log.Info("VM up", zap.Duration("build", c.VM.BuildTime), zap.Duration("boot", c.VM.BootTime))
+
+	if err := c.buildTopology(ctx); err != nil {
+		return nil, err
+	}
+	for _, n := range c.Nodes {
+		if err := c.StartAgent(ctx, n.Name); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) buildTopology(ctx context.Context) error {
+	var err error
+	if c.Topo, err = vm.NewTopology(ctx, c.VM); err != nil {
+		return fmt.Errorf("topology: %w", err)
+	}
+	for i := 0; i < c.opts.Nodes; i++ {
+		n, err := c.Topo.AddNode(ctx)
+		if err != nil {
+			return fmt.Errorf("add node: %w", err)
+		}
+		c.Nodes = append(c.Nodes, n)
+		if _, err := c.Kube.CoreV1().Nodes().Create(ctx, nodeObject(n.Name, n.IP, c.opts.Zone), metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create Node %s: %w", n.Name, err)
+		}
+	}
+	if c.Client, err = c.Topo.AddClient(ctx, "client", c.Nodes[0]); err != nil {
+		return fmt.Errorf("add client: %w", err)
+	}
+	for i, pods := range c.opts.Pods {
+		for _, p := range pods {
+			if _, err := c.AddPod(ctx, c.Nodes[i].Name, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// podCIDRs are the pod networks of nodes 1..n (198.19.N.0/24, as vm.Node.PodCIDR).
+func podCIDRs(n int) []netip.Prefix {
+	var out []netip.Prefix
+	for i := 1; i <= n; i++ {
+		out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(i), 0}), 24))
+	}
+	return out
+}
+
+func nodeObject(name, ip, zone string) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			corev1.LabelTopologyZone: zone, corev1.LabelHostname: name,
+		}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}},
+	}
+}
+
+// Node returns the node namespace called name (node1, node2, ...).
+func (c *Cluster) Node(name string) (*vm.Node, error) {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("cluster: no node %q", name)
+}
+
+// AddPod creates a pod namespace on node and starts its e2ehelper server
+// (TCP and UDP on ServePort), returning once the server is ready.
+func (c *Cluster) AddPod(ctx context.Context, node, name string) (*vm.Pod, error) {
+	n, err := c.Node(node)
+	if err != nil {
+		return nil, err
+	}
+	p, err := n.AddPod(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("add pod %s: %w", name, err)
+	}
+	proc, err := p.Start(ctx, "serve-"+name, fmt.Sprintf("e2ehelper serve --name %s --tcp :%d --udp :%d", name, ServePort, ServePort))
+	if err != nil {
+		return nil, fmt.Errorf("start server in %s: %w", name, err)
+	}
+	if _, err := proc.AwaitLog(ctx, "ready"); err != nil {
+		return nil, fmt.Errorf("server in %s: %w", name, err)
+	}
+	c.mu.Lock()
+	c.Pods[name] = p
+	c.mu.Unlock()
+	return p, nil
+}
+
+// AgentCommand is the guest command line of node's agent.
+func (c *Cluster) AgentCommand(node string) string {
+	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s:%[3]d --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[4]s --metrics-address ''",
+		node, vm.HostLoopIP, c.CPPort, c.opts.ReconcilePeriod)
+}
+
+// StartAgent starts node's agent (with the same state dir every time) and
+// waits until its stream to the control plane is open.
+func (c *Cluster) StartAgent(ctx context.Context, node string) error {
+	n, err := c.Node(node)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.agents[node] != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("cluster: agent on %s already running", node)
+	}
+	c.starts[node]++
+	name := fmt.Sprintf("agent-%s-%d", node, c.starts[node])
+	c.mu.Unlock()
+	// "ip netns exec" rather than setns alone: the agent then sees the node's
+	// own /sys (kube-ipvs0 and friends).
+	proc, err := c.VM.Start(ctx, name, n.Wrap(c.AgentCommand(node)))
+	if err != nil {
+		return fmt.Errorf("start agent on %s: %w", node, err)
+	}
+	if _, err := proc.AwaitLog(ctx, "agent stream open"); err != nil {
+		_, _ = c.VM.Kill(context.Background(), name, 2*time.Second)
+		return fmt.Errorf("agent on %s did not connect: %w", node, err)
+	}
+	c.mu.Lock()
+	c.agents[node] = proc
+	c.mu.Unlock()
+	c.log.Info("agent connected", zap.String("node", node), zap.String("proc", name))
+	return nil
+}
+
+// StopAgent stops node's agent (SIGTERM, then SIGKILL after grace) and
+// returns its final state, log included.
+func (c *Cluster) StopAgent(ctx context.Context, node string, grace time.Duration) (vm.ProcState, error) {
+	c.mu.Lock()
+	proc := c.agents[node]
+	delete(c.agents, node)
+	c.mu.Unlock()
+	if proc == nil {
+		return vm.ProcState{}, fmt.Errorf("cluster: no agent running on %s", node)
+	}
+	return c.VM.Kill(ctx, proc.Name, grace)
+}
+
+// AgentLog returns the output of node's running agent.
+func (c *Cluster) AgentLog(ctx context.Context, node string) (string, error) {
+	c.mu.Lock()
+	proc := c.agents[node]
+	c.mu.Unlock()
+	if proc == nil {
+		return "", fmt.Errorf("cluster: no agent running on %s", node)
+	}
+	return proc.Log(ctx)
+}
+
+// RunInNode runs a shell script in node's namespace (through "ip netns
+// exec", so /sys is the node's) and returns its stdout.
+func (c *Cluster) RunInNode(ctx context.Context, node, script string) (string, error) {
+	n, err := c.Node(node)
+	if err != nil {
+		return "", err
+	}
+	return c.VM.RunOK(ctx, n.Wrap(script))
+}
+
+// IPVS returns `ipvsadm -Ln` as run in node.
+func (c *Cluster) IPVS(ctx context.Context, node string) (string, error) {
+	return c.RunInNode(ctx, node, "ipvsadm -Ln")
+}
+
+// Stop tears everything down: agents, VM, control plane, apiserver and its
+// temporary directory. Idempotent; it returns the first teardown error.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() {
+		var errs []error
+		if c.VM != nil {
+			c.mu.Lock()
+			agents := c.agents
+			c.agents = map[string]*vm.Proc{}
+			c.mu.Unlock()
+			for node, p := range agents {
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				if _, err := c.VM.Kill(ctx, p.Name, 3*time.Second); err != nil {
+					errs = append(errs, fmt.Errorf("stop agent %s: %w", node, err))
+				}
+				cancel()
+			}
+			c.VM.Stop()
+		}
+		if c.cpCancel != nil {
+			c.cpCancel()
+			select {
+			case err := <-c.cpDone:
+				if err != nil && !errors.Is(err, context.Canceled) {
+					errs = append(errs, fmt.Errorf("control plane: %w", err))
+				}
+			case <-time.After(30 * time.Second):
+				errs = append(errs, errors.New("control plane did not stop within 30s"))
+			}
+		}
+		if c.Env != nil {
+			if err := c.Env.Stop(); err != nil {
+				errs = append(errs, fmt.Errorf("kubeenv: %w", err))
+			}
+		}
+		c.stopErr = errors.Join(errs...)
+	})
+	return c.stopErr
+}
+
+// Await polls cond every interval until it returns nil or ctx/timeout ends;
+// the error then carries cond's last answer.
+func Await(ctx context.Context, timeout, interval time.Duration, cond func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		err := cond(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not within %v: %w", timeout, err)
+		case <-time.After(interval):
+		}
+	}
+}
