@@ -1,0 +1,252 @@
+// Package watch watches Services, EndpointSlices and Nodes through one
+// SharedInformerFactory (one watch per kind), coalesces their changes in
+// per-kind change trackers and hands batches to a Sink from a
+// bounded-frequency runner.
+package watch
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+)
+
+// Changes is one batch of coalesced changes. Only objects whose converted
+// form changed appear; a key maps to its net change since the previous batch.
+type Changes struct {
+	Services map[model.ServiceKey]Change[model.Service]
+	Slices   map[model.SliceKey]Change[model.EndpointSlice]
+	Nodes    map[string]Change[model.Node]
+	// Periodic is set on the runs made because MaxInterval passed without one.
+	Periodic bool
+}
+
+// Empty reports whether the batch carries no object change.
+func (c *Changes) Empty() bool {
+	return len(c.Services) == 0 && len(c.Slices) == 0 && len(c.Nodes) == 0
+}
+
+// Sink consumes batches. Apply is called from one goroutine at a time, only
+// after all three informers have synced (so the first batch holds the whole
+// cluster). If Apply returns an error the same changes are delivered again
+// after Options.RetryInterval, merged with any newer ones.
+type Sink interface {
+	Apply(ctx context.Context, changes *Changes) error
+}
+
+// Options tune the watcher; zero values take the defaults.
+type Options struct {
+	MinInterval   time.Duration // default 100ms: at most one batch per MinInterval
+	MaxInterval   time.Duration // default 1h: a (periodic) batch at least this often
+	RetryInterval time.Duration // default 1s: after a failed Apply
+	Clock         clock.WithTicker
+}
+
+func (o *Options) defaults() {
+	if o.MinInterval <= 0 {
+		o.MinInterval = 100 * time.Millisecond
+	}
+	if o.MaxInterval <= 0 {
+		o.MaxInterval = time.Hour
+	}
+	if o.RetryInterval <= 0 {
+		o.RetryInterval = time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+}
+
+// Watcher owns the informers, the trackers and the runner.
+type Watcher struct {
+	opts     Options
+	log      *zap.Logger
+	sink     Sink
+	factory  informers.SharedInformerFactory
+	services *tracker[model.ServiceKey, model.Service]
+	slices   *tracker[model.SliceKey, model.EndpointSlice]
+	nodes    *tracker[string, model.Node]
+	runner   *runner
+	synced   atomic.Bool
+	ctx      context.Context // for Apply; set by Run
+}
+
+// New builds a Watcher; nothing runs until Run.
+func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) *Watcher {
+	opts.defaults()
+	w := &Watcher{
+		opts:     opts,
+		log:      log,
+		sink:     sink,
+		services: newTracker[model.ServiceKey, model.Service](),
+		slices:   newTracker[model.SliceKey, model.EndpointSlice](),
+		nodes:    newTracker[string, model.Node](),
+	}
+	w.runner = newRunner(w.sync, opts.MinInterval, opts.MaxInterval, opts.RetryInterval, opts.Clock)
+	w.factory = informers.NewSharedInformerFactory(client, 0)
+	// Like kube-proxy: Services/slices handed to another proxy, and headless
+	// slices, are filtered by the API server. Per-informer selectors keep it
+	// to one factory without filtering Nodes.
+	svcSel := labels.NewSelector().Add(mustReq(model.LabelServiceProxyName, selection.DoesNotExist))
+	sliceSel := svcSel.Add(mustReq(model.LabelHeadless, selection.DoesNotExist))
+	svcInf := w.factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.LabelSelector = svcSel.String() })
+	})
+	sliceInf := w.factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.LabelSelector = sliceSel.String() })
+	})
+	nodeInf := w.factory.Core().V1().Nodes().Informer()
+	mustHandle(svcInf.AddEventHandler(handler(w, w.onService)))
+	mustHandle(sliceInf.AddEventHandler(handler(w, w.onSlice)))
+	mustHandle(nodeInf.AddEventHandler(handler(w, w.onNode)))
+	return w
+}
+
+// Run starts the informers, waits for their initial lists, then delivers
+// batches to the sink until ctx is done. It returns an error if the caches
+// cannot sync before ctx ends.
+func (w *Watcher) Run(ctx context.Context) error {
+	w.ctx = ctx
+	w.factory.Start(ctx.Done())
+	defer w.factory.Shutdown()
+	for typ, ok := range w.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("watch: cache for %v did not sync", typ)
+		}
+	}
+	w.synced.Store(true)
+	w.log.Info("informer caches synced",
+		zap.Int("services", w.services.len()), zap.Int("endpointSlices", w.slices.len()), zap.Int("nodes", w.nodes.len()))
+	w.runner.Run()
+	w.runner.loop(ctx)
+	return nil
+}
+
+// Synced reports whether the initial lists have been received.
+func (w *Watcher) Synced() bool { return w.synced.Load() }
+
+// sync drains the trackers into one batch for the sink.
+func (w *Watcher) sync(periodic bool) error {
+	ch := &Changes{Services: w.services.take(), Slices: w.slices.take(), Nodes: w.nodes.take(), Periodic: periodic}
+	if ch.Empty() && !periodic {
+		return nil
+	}
+	if err := w.sink.Apply(w.ctx, ch); err != nil {
+		w.log.Error("applying changes failed; will retry", zap.Error(err),
+			zap.Int("services", len(ch.Services)), zap.Int("endpointSlices", len(ch.Slices)), zap.Int("nodes", len(ch.Nodes)))
+		w.services.requeue(ch.Services)
+		w.slices.requeue(ch.Slices)
+		w.nodes.requeue(ch.Nodes)
+		return err
+	}
+	return nil
+}
+
+func (w *Watcher) request(pending bool) {
+	// Before the initial sync the first run is requested by Run itself.
+	if pending && w.synced.Load() {
+		w.runner.Run()
+	}
+}
+
+func (w *Watcher) onService(old, cur any) {
+	o, _ := old.(*corev1.Service)
+	c, _ := cur.(*corev1.Service)
+	ref := c
+	if ref == nil {
+		ref = o
+	}
+	if ref == nil {
+		return
+	}
+	key := model.ServiceKey{Namespace: ref.Namespace, Name: ref.Name}
+	w.request(w.services.update(key, observe(o, model.ConvertService), observe(c, model.ConvertService), w.opts.Clock.Now()))
+}
+
+func (w *Watcher) onSlice(old, cur any) {
+	o, _ := old.(*discoveryv1.EndpointSlice)
+	c, _ := cur.(*discoveryv1.EndpointSlice)
+	ref := c
+	if ref == nil {
+		ref = o
+	}
+	if ref == nil {
+		return
+	}
+	trigger := w.opts.Clock.Now()
+	if s := ref.Annotations[model.AnnotationTriggerTime]; s != "" {
+		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+			trigger = t
+		}
+	}
+	key := model.SliceKey{Namespace: ref.Namespace, Name: ref.Name}
+	w.request(w.slices.update(key, observe(o, model.ConvertEndpointSlice), observe(c, model.ConvertEndpointSlice), trigger))
+}
+
+func (w *Watcher) onNode(old, cur any) {
+	o, _ := old.(*corev1.Node)
+	c, _ := cur.(*corev1.Node)
+	ref := c
+	if ref == nil {
+		ref = o
+	}
+	if ref == nil {
+		return
+	}
+	w.request(w.nodes.update(ref.Name, observe(o, model.ConvertNode), observe(c, model.ConvertNode), w.opts.Clock.Now()))
+}
+
+// observe converts a Kubernetes object; nil stays nil (absent).
+func observe[K any, T any](obj *K, conv func(*K) (*T, []model.Problem)) *Observed[T] {
+	if obj == nil {
+		return nil
+	}
+	v, p := conv(obj)
+	return &Observed[T]{Value: v, Problems: p}
+}
+
+// handler adapts f(old, cur) to informer callbacks (nil = absent), unwrapping
+// delete tombstones.
+func handler(w *Watcher, f func(old, cur any)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { f(nil, obj) },
+		UpdateFunc: func(old, cur any) { f(old, cur) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			f(obj, nil)
+		},
+	}
+}
+
+func mustReq(key string, op selection.Operator) labels.Requirement {
+	r, err := labels.NewRequirement(key, op, nil)
+	if err != nil {
+		panic(fmt.Sprintf("watch: static label requirement %s: %v", key, err)) // programming error
+	}
+	return *r
+}
+
+func mustHandle(_ cache.ResourceEventHandlerRegistration, err error) {
+	if err != nil {
+		panic(fmt.Sprintf("watch: adding event handler: %v", err)) // only fails on a stopped informer
+	}
+}
