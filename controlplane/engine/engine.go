@@ -21,6 +21,9 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
+// maxBatch bounds the writes committed to the store at once.
+const maxBatch = 1 << 16
+
 // Config configures the engine.
 type Config struct {
 	// Translate is the cluster-wide configuration passed to the translator.
@@ -185,14 +188,26 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		}
 	}
 
+	var st snapshot.CommitStats
+	commit := func(force bool) {
+		// Large batches (initial sync, periodic resync, a node joining) are
+		// committed in chunks to bound the transient memory; each resource
+		// is still written atomically.
+		if force || b.Len() >= maxBatch {
+			c := e.store.Commit(b)
+			st.Changed += c.Changed
+			b.Reset()
+		}
+	}
 	for key, trig := range dirty {
 		e.recompute(b, key, trig, fresh)
+		commit(false)
 	}
 	for name, trig := range fresh {
 		e.fillNode(b, e.nodes[name].node, trig)
+		commit(false)
 	}
-	st := e.store.Commit(b)
-	b.Reset()
+	commit(true)
 	e.applySeconds.Observe(time.Since(start).Seconds())
 	if e.log.Core().Enabled(zap.DebugLevel) {
 		e.log.Debug("applied changes", zap.Int("services", len(ch.Services)), zap.Int("endpointSlices", len(ch.Slices)),

@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/snapshot"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/controlplane/watch"
+)
+
+// Scale of the benchmark cluster.
+const (
+	benchServices  = 10000
+	benchEndpoints = 10
+	benchNodes     = 1000
+)
+
+type benchCluster struct {
+	eng       *Engine
+	store     *snapshot.Store
+	heapBytes uint64 // heap held by engine+store for the full state
+	setupTook time.Duration
+}
+
+var (
+	benchOnce sync.Once
+	benchC    *benchCluster
+)
+
+// benchAddr returns a distinct-enough address inside 198.18.0.0/15.
+func benchAddr(hi byte, k int) netip.Addr {
+	return netip.AddrFrom4([4]byte{198, hi, byte(k >> 8), byte(k)})
+}
+
+func benchSlice(s, gen int) *model.EndpointSlice {
+	svc := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}
+	es := &model.EndpointSlice{Key: model.SliceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d-1", s)}, Service: svc, Family: model.IPv4,
+		Ports: []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}}}
+	for j := 0; j < benchEndpoints; j++ {
+		k := s*benchEndpoints + j
+		es.Endpoints = append(es.Endpoints, model.Endpoint{
+			Address: benchAddr(19, (k+gen)%65536), NodeName: fmt.Sprintf("node-%d", k%benchNodes), Ready: true, Serving: true,
+		})
+	}
+	return es
+}
+
+func benchSetup(b *testing.B) *benchCluster {
+	benchOnce.Do(func() {
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		start := time.Now()
+
+		st := snapshot.NewStore()
+		eng, err := New(Config{}, st, zap.NewNop())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ch := &watch.Changes{
+			Services: map[model.ServiceKey]watch.Change[model.Service]{},
+			Slices:   map[model.SliceKey]watch.Change[model.EndpointSlice]{},
+			Nodes:    map[string]watch.Change[model.Node]{},
+		}
+		for n := 0; n < benchNodes; n++ {
+			name := fmt.Sprintf("node-%d", n)
+			ch.Nodes[name] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
+				Name: name, Addresses: []netip.Addr{benchAddr(18, 0xff00+n%256)}}}}
+		}
+		for s := 0; s < benchServices; s++ {
+			k := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}
+			ch.Services[k] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Value: &model.Service{
+				Key: k, ClusterIPs: []netip.Addr{benchAddr(18, s)},
+				Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
+			}}}
+			es := benchSlice(s, 0)
+			ch.Slices[es.Key] = watch.Change[model.EndpointSlice]{Current: &watch.Observed[model.EndpointSlice]{Value: es}}
+		}
+		if err := eng.Apply(context.Background(), ch); err != nil {
+			b.Fatal(err)
+		}
+		ch = nil
+		took := time.Since(start)
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		benchC = &benchCluster{eng: eng, store: st, heapBytes: after.HeapAlloc - before.HeapAlloc, setupTook: took}
+	})
+	if benchC == nil {
+		b.Fatal("setup failed earlier")
+	}
+	return benchC
+}
+
+// BenchmarkEndpointChange measures one EndpointSlice change (one endpoint
+// address replaced) end to end: model update -> translate (once per variant)
+// -> store commit for all 1,000 nodes. It also reports the heap held by the
+// full state (engine model + store) for 10,000 Services x 10 endpoints x
+// 1,000 nodes.
+func BenchmarkEndpointChange(b *testing.B) {
+	c := benchSetup(b)
+	st := c.store.Stats()
+	b.ReportMetric(float64(c.heapBytes), "state-heap-bytes")
+	b.ReportMetric(float64(c.heapBytes)/benchNodes, "state-heap-bytes/node")
+	b.ReportMetric(float64(st.Distinct), "distinct-values")
+	b.ReportMetric(float64(st.Slots), "node-slots")
+	b.ReportMetric(c.setupTook.Seconds(), "initial-sync-s")
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s := i % benchServices
+		es := benchSlice(s, 1+i/benchServices) // shifts one endpoint's address
+		ch := &watch.Changes{Slices: map[model.SliceKey]watch.Change[model.EndpointSlice]{
+			es.Key: {Current: &watch.Observed[model.EndpointSlice]{Value: es}, Trigger: time.Unix(int64(i), 0)}}}
+		if err := c.eng.Apply(ctx, ch); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEndpointChangeNaive is the baseline: the same change translated
+// and hashed separately for every node (what a per-node computation costs),
+// without the store. Compare ns/op with BenchmarkEndpointChange.
+func BenchmarkEndpointChangeNaive(b *testing.B) {
+	nodes := make([]*model.Node, benchNodes)
+	for n := range nodes {
+		nodes[n] = &model.Node{Name: fmt.Sprintf("node-%d", n)}
+	}
+	svc := &model.Service{Key: model.ServiceKey{Namespace: "bench", Name: "svc-0"}, ClusterIPs: []netip.Addr{benchAddr(18, 0)},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}}}
+	cfg := translate.Config{}.WithDefaults()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		in := translate.Input{Service: svc, Slices: []*model.EndpointSlice{benchSlice(0, i)}}
+		for _, n := range nodes {
+			if _, err := snapshot.NewServiceResource(translate.Service(in, n, cfg)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
