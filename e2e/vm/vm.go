@@ -230,16 +230,30 @@ func (v *VM) startQEMU(kernel, initrd string, hostPort int, fwd string) error {
 	return nil
 }
 
-// awaitExec polls vmexec until it answers, QEMU exits or ctx ends.
+// awaitExec waits until vmexec answers, QEMU exits or ctx ends. It pings as
+// soon as the console shows vmexec listening, and every 2 s regardless (in
+// case the console says nothing), since a ping sent before the guest's
+// network is up can sit in slirp's retransmission for seconds.
 func (v *VM) awaitExec(ctx context.Context) error {
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	var lastPing time.Time
+	var err error = errors.New("not tried yet")
+	start, seen := time.Now(), false
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := v.Ping(pctx)
-		cancel()
-		if err == nil {
-			return nil
+		if !seen && v.consoleSays(readyMarker) {
+			seen = true
+			v.log.Info("console shows vmexec listening", zap.Duration("after", time.Since(start)),
+				zap.String("guest", v.consoleLine(readyMarker)))
+		}
+		if seen || time.Since(lastPing) > 2*time.Second {
+			lastPing = time.Now()
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err = v.Ping(pctx)
+			cancel()
+			if err == nil {
+				return nil
+			}
 		}
 		select {
 		case <-v.exited:
@@ -249,6 +263,25 @@ func (v *VM) awaitExec(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// readyMarker is what vmexec logs on the console once it listens.
+const readyMarker = "vmexec serving"
+
+// consoleLine returns the first console line containing marker.
+func (v *VM) consoleLine(marker string) string {
+	data, _ := os.ReadFile(v.console)
+	for _, l := range strings.Split(string(data), "\n") {
+		if i := strings.Index(l, marker); i >= 0 {
+			return l[i:]
+		}
+	}
+	return ""
+}
+
+func (v *VM) consoleSays(marker string) bool {
+	data, err := os.ReadFile(v.console)
+	return err == nil && strings.Contains(string(data), marker)
 }
 
 // WorkDir holds the console log, QEMU's output and the initramfs.

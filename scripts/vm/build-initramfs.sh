@@ -60,8 +60,9 @@ MOD_ONE=(
 # Loaded by /init at boot (what the bed itself uses). Everything else loads on
 # demand through /sbin/modprobe: IPVS schedulers, ipset types, xt matches and
 # targets, iptables tables, nf_tables. Each module costs ~0.1-0.5 s under TCG.
+# /init loads dummy itself, with numdummies=0 (no stray dummy0).
 BOOT_MODULES=(
-  virtio_pci virtio_net dummy veth bridge ip_vs ip_vs_rr
+  virtio_pci virtio_net veth bridge ip_vs ip_vs_rr
   nf_conntrack iptable_filter iptable_nat xt_MASQUERADE xt_conntrack
 )
 

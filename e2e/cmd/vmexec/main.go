@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -43,7 +44,9 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	log.Info("vmexec serving", zap.String("addr", ln.Addr().String()))
+	// The guest's uptime tells boot-time analysis when vmexec became ready.
+	uptime, _ := os.ReadFile("/proc/uptime")
+	log.Info("vmexec serving", zap.String("addr", ln.Addr().String()), zap.ByteString("uptime", bytes.TrimSpace(uptime)))
 	if err := srv.Serve(ctx, ln); err != nil {
 		log.Fatal("serve", zap.Error(err))
 	}
