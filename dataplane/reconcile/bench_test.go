@@ -40,12 +40,15 @@ func benchSetup(b *testing.B, n int) (*memory.Kernel, *Reconciler, []*vsplanev1.
 	return mk, r, res
 }
 
-// BenchmarkApplyOneEndpointChange: cost of one changed Service among n,
-// which should not grow with n (only the touched items are synced).
+// BenchmarkApplyOneEndpointChange: cost of one changed Service among n
+// ClusterIP Services, which must not grow with n (issue #3: flat between
+// 1,000 and 10,000): only the touched items are synced, nothing is listed
+// but the destinations of the one virtual server.
 func BenchmarkApplyOneEndpointChange(b *testing.B) {
-	for _, n := range []int{100, 2000} {
+	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			_, r, _ := benchSetup(b, n)
+			b.ReportAllocs()
 			ctx := context.Background()
 			variants := [2]*vsplanev1.Resource{
 				tcp("s0", "198.18.0.1", 80, be("198.19.1.1", 8080)).resource(),
@@ -74,6 +77,29 @@ func BenchmarkFullReconcileClean(b *testing.B) {
 			}
 			if w := writes(mk); len(w) != 0 {
 				b.Fatalf("clean reconcile wrote %v", w)
+			}
+		})
+	}
+}
+
+// BenchmarkApplyOneServiceAddRemove: add then remove one ClusterIP Service
+// among n (binds/unbinds its address, adds/deletes its set entries); the
+// reconciler must not list kube-ipvs0 or whole sets for it.
+func BenchmarkApplyOneServiceAddRemove(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			_, r, _ := benchSetup(b, n)
+			b.ReportAllocs()
+			ctx := context.Background()
+			add := &vsplanev1.Delta{Nonce: "add", Resources: []*vsplanev1.Resource{
+				tcp("extra", "198.18.255.1", 80, be("198.19.1.1", 8080)).resource()}}
+			rm := &vsplanev1.Delta{Nonce: "rm", Removed: []string{"service/default/extra"}}
+			for b.Loop() {
+				for _, d := range []*vsplanev1.Delta{add, rm} {
+					if ack := r.Apply(ctx, d); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+						b.Fatal(ack.GetErrors())
+					}
+				}
 			}
 		})
 	}

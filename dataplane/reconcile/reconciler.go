@@ -91,6 +91,7 @@ type Reconciler struct {
 	applied    map[string]string
 	failed     map[string]failure
 	programmed map[kernel.VirtualServerKey]struct{}
+	rec        record // what the kernel holds, for incremental passes
 	lastRules  map[kernel.Family][]byte
 	globalErrs []string
 	retryN     int
@@ -278,8 +279,10 @@ func (r *Reconciler) touchedPass(p *pass, t *touched) {
 	}
 }
 
-// fullPass compares everything the agent owns with the kernel.
+// fullPass compares everything the agent owns with the kernel. It lists
+// every table and so refreshes the record incremental passes rely on.
 func (r *Reconciler) fullPass(p *pass) {
+	r.forget()
 	p.ensureSets()
 	if err := p.loadBound(); err != nil {
 		p.fail(nil, "list addresses of "+kernel.DummyDevice, err)
@@ -300,7 +303,7 @@ func (r *Reconciler) fullPass(p *pass) {
 	}
 	for _, vs := range list {
 		p.listed[vs.Key] = vs
-		if vs.Key.FWMark == 0 && p.bound[vs.Key.Address] && !p.excluded(vs.Key.Address) {
+		if vs.Key.FWMark == 0 && r.rec.bound[vs.Key.Address] && !p.excluded(vs.Key.Address) {
 			keys[vs.Key] = nil
 		}
 	}
@@ -312,7 +315,7 @@ func (r *Reconciler) fullPass(p *pass) {
 	for a := range r.store.addrVS {
 		addrs[a] = nil
 	}
-	for a := range p.bound {
+	for a := range r.rec.bound {
 		addrs[a] = nil
 	}
 	for _, a := range sortedKeys(addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
@@ -337,9 +340,19 @@ func (r *Reconciler) fullPass(p *pass) {
 	}
 }
 
+// forget drops the record of kernel state: the next pass lists again.
+func (r *Reconciler) forget() {
+	r.rec = record{setEntries: map[string]map[kernel.Entry]bool{}}
+}
+
 // settle records the outcome of each evaluated resource and schedules a
 // retry when something retryable failed.
 func (r *Reconciler) settle(p *pass, evaluate []string) {
+	if len(p.errs) > 0 || len(p.global) > 0 {
+		// A failed or partial write leaves the kernel unknown: list again
+		// rather than trust the record.
+		r.forget()
+	}
 	for _, name := range evaluate {
 		rs, ok := r.store.res[name]
 		if !ok {

@@ -47,19 +47,33 @@ type pass struct {
 	// global are errors no resource can be blamed for.
 	global []string
 
-	bound     map[netip.Addr]bool // on kube-ipvs0; nil until loaded
-	dummyGone bool
 	localElse map[netip.Addr]bool // on an interface other than kube-ipvs0
 	// listed is the IPVS table read by a full pass (nil: read per key), so
 	// a full pass costs one list instead of one get per virtual server.
-	listed     map[kernel.VirtualServerKey]kernel.VirtualServer
+	listed map[kernel.VirtualServerKey]kernel.VirtualServer
+}
+
+// record is what the reconciler believes the kernel holds of the state it
+// could otherwise only learn by listing a whole table: the addresses on
+// kube-ipvs0, the managed sets and their entries. A full pass reloads it
+// from the kernel; incremental passes read and update it instead of
+// listing, so an Apply costs O(what changed), not O(Services). Between
+// full passes it can miss outside drift (repaired by the next full pass);
+// it never causes harm the other way because binds, ipset adds and all
+// deletes are idempotent. nil maps are unknown and read on first use; a
+// pass with any kernel error forgets the record (see settle).
+type record struct {
+	bound      map[netip.Addr]bool // on kube-ipvs0
+	dummyGone  bool
 	sets       map[string]kernel.IPSet
-	setEntries map[string]map[kernel.Entry]bool
+	setEntries map[string]map[kernel.Entry]bool // by set name
 }
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {
-	return &pass{r: r, ctx: ctx, s: r.store.settings(), ops: map[string]uint32{}, errs: map[string][]string{},
-		setEntries: map[string]map[kernel.Entry]bool{}}
+	if r.rec.setEntries == nil {
+		r.rec.setEntries = map[string]map[kernel.Entry]bool{}
+	}
+	return &pass{r: r, ctx: ctx, s: r.store.settings(), ops: map[string]uint32{}, errs: map[string][]string{}}
 }
 
 // fail records err against every named resource (or globally).
@@ -202,19 +216,21 @@ func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destinati
 // ---- addresses on kube-ipvs0 ----
 
 func (p *pass) loadBound() error {
-	if p.bound != nil {
+	rec := &p.r.rec
+	if rec.bound != nil {
 		return nil
 	}
 	list, err := p.r.k.Links.BoundAddresses(kernel.DummyDevice)
+	rec.dummyGone = false
 	switch {
 	case errors.Is(err, kernel.ErrNotFound):
-		p.dummyGone = true
+		rec.dummyGone = true
 	case err != nil:
 		return err
 	}
-	p.bound = map[netip.Addr]bool{}
+	rec.bound = make(map[netip.Addr]bool, len(list))
 	for _, a := range list {
-		p.bound[a.Unmap()] = true
+		rec.bound[a.Unmap()] = true
 	}
 	return nil
 }
@@ -265,29 +281,38 @@ func (p *pass) syncAddr(addr netip.Addr, touchers []string) {
 		return
 	}
 	links := p.r.k.Links
+	rec := &p.r.rec
 	switch {
-	case want && !p.bound[addr]:
-		if p.dummyGone {
+	case want && !rec.bound[addr]:
+		if rec.dummyGone {
 			p.count(OpCreateDummy)
 			if _, err := links.EnsureDummy(kernel.DummyDevice); err != nil {
 				p.fail(names, "create "+kernel.DummyDevice, err)
 				return
 			}
-			p.dummyGone = false
+			rec.dummyGone = false
 		}
 		p.count(OpBind)
-		if _, err := links.BindAddress(kernel.DummyDevice, addr); err != nil {
+		_, err := links.BindAddress(kernel.DummyDevice, addr)
+		if errors.Is(err, kernel.ErrNotFound) {
+			// The record said kube-ipvs0 exists but it was deleted since.
+			p.count(OpCreateDummy)
+			if _, err = links.EnsureDummy(kernel.DummyDevice); err == nil {
+				_, err = links.BindAddress(kernel.DummyDevice, addr)
+			}
+		}
+		if err != nil {
 			p.fail(names, fmt.Sprintf("bind %v to %s", addr, kernel.DummyDevice), err)
 			return
 		}
-		p.bound[addr] = true
-	case !want && p.bound[addr] && !p.excluded(addr):
+		rec.bound[addr] = true
+	case !want && rec.bound[addr] && !p.excluded(addr):
 		p.count(OpUnbind)
 		if err := links.UnbindAddress(kernel.DummyDevice, addr); err != nil {
 			p.fail(names, fmt.Sprintf("unbind %v from %s", addr, kernel.DummyDevice), err)
 			return
 		}
-		delete(p.bound, addr)
+		delete(rec.bound, addr)
 	}
 	// KUBE-IPVS-IPS holds exactly the addresses bound for services.
 	fam := kernel.FamilyOf(addr)
@@ -312,20 +337,21 @@ func (r *Reconciler) managedSets() []setRef {
 
 // ensureSets creates the missing sets; existing ones are left alone.
 func (p *pass) ensureSets() {
-	if p.sets == nil {
+	rec := &p.r.rec
+	if rec.sets == nil {
 		list, err := p.r.k.IPSets.ListSets()
 		if err != nil {
 			p.fail(nil, "list ipsets", err)
 			return
 		}
-		p.sets = map[string]kernel.IPSet{}
+		rec.sets = make(map[string]kernel.IPSet, len(list))
 		for _, s := range list {
-			p.sets[s.Name] = s
+			rec.sets[s.Name] = s
 		}
 	}
 	for _, ref := range p.r.managedSets() {
 		spec := ref.spec()
-		cur, ok := p.sets[spec.Name]
+		cur, ok := rec.sets[spec.Name]
 		switch {
 		case ok && cur.SameAs(spec):
 		case ok:
@@ -337,8 +363,8 @@ func (p *pass) ensureSets() {
 				p.fail(p.setUsers(ref), "create ipset "+spec.Name, err)
 				continue
 			}
-			p.sets[spec.Name] = spec.Normalize()
-			p.setEntries[spec.Name] = map[kernel.Entry]bool{}
+			rec.sets[spec.Name] = spec.Normalize()
+			rec.setEntries[spec.Name] = map[kernel.Entry]bool{}
 		}
 	}
 }
@@ -358,7 +384,7 @@ func (p *pass) setUsers(ref setRef) []string {
 
 func (p *pass) loadEntries(ref setRef) (map[kernel.Entry]bool, error) {
 	name := ref.name()
-	if m, ok := p.setEntries[name]; ok {
+	if m, ok := p.r.rec.setEntries[name]; ok {
 		return m, nil
 	}
 	list, err := p.r.k.IPSets.ListEntries(name)
@@ -370,7 +396,7 @@ func (p *pass) loadEntries(ref setRef) (map[kernel.Entry]bool, error) {
 		e.Comment = ""
 		m[e.Normalize()] = true
 	}
-	p.setEntries[name] = m
+	p.r.rec.setEntries[name] = m
 	return m, nil
 }
 
