@@ -87,7 +87,7 @@ type Watcher struct {
 }
 
 // New builds a Watcher; nothing runs until Run.
-func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) *Watcher {
+func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) (*Watcher, error) {
 	opts.defaults()
 	w := &Watcher{
 		opts:     opts,
@@ -102,8 +102,16 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 	// Like kube-proxy: Services/slices handed to another proxy, and headless
 	// slices, are filtered by the API server. Per-informer selectors keep it
 	// to one factory without filtering Nodes.
-	svcSel := labels.NewSelector().Add(mustReq(model.LabelServiceProxyName, selection.DoesNotExist))
-	sliceSel := svcSel.Add(mustReq(model.LabelHeadless, selection.DoesNotExist))
+	noProxy, err := labels.NewRequirement(model.LabelServiceProxyName, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("watch: label selector: %w", err)
+	}
+	noHeadless, err := labels.NewRequirement(model.LabelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("watch: label selector: %w", err)
+	}
+	svcSel := labels.NewSelector().Add(*noProxy)
+	sliceSel := svcSel.Add(*noHeadless)
 	svcInf := w.factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
 			func(o *metav1.ListOptions) { o.LabelSelector = svcSel.String() })
@@ -113,10 +121,15 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 			func(o *metav1.ListOptions) { o.LabelSelector = sliceSel.String() })
 	})
 	nodeInf := w.factory.Core().V1().Nodes().Informer()
-	mustHandle(svcInf.AddEventHandler(handler(w, w.onService)))
-	mustHandle(sliceInf.AddEventHandler(handler(w, w.onSlice)))
-	mustHandle(nodeInf.AddEventHandler(handler(w, w.onNode)))
-	return w
+	for _, h := range []struct {
+		inf cache.SharedIndexInformer
+		f   func(old, cur any)
+	}{{svcInf, w.onService}, {sliceInf, w.onSlice}, {nodeInf, w.onNode}} {
+		if _, err := h.inf.AddEventHandler(handler(h.f)); err != nil {
+			return nil, fmt.Errorf("watch: adding event handler: %w", err)
+		}
+	}
+	return w, nil
 }
 
 // Run starts the informers, waits for their initial lists, then delivers
@@ -224,7 +237,7 @@ func observe[K any, T any](obj *K, conv func(*K) (*T, []model.Problem)) *Observe
 
 // handler adapts f(old, cur) to informer callbacks (nil = absent), unwrapping
 // delete tombstones.
-func handler(w *Watcher, f func(old, cur any)) cache.ResourceEventHandlerFuncs {
+func handler(f func(old, cur any)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { f(nil, obj) },
 		UpdateFunc: func(old, cur any) { f(old, cur) },
@@ -234,19 +247,5 @@ func handler(w *Watcher, f func(old, cur any)) cache.ResourceEventHandlerFuncs {
 			}
 			f(obj, nil)
 		},
-	}
-}
-
-func mustReq(key string, op selection.Operator) labels.Requirement {
-	r, err := labels.NewRequirement(key, op, nil)
-	if err != nil {
-		panic(fmt.Sprintf("watch: static label requirement %s: %v", key, err)) // programming error
-	}
-	return *r
-}
-
-func mustHandle(_ cache.ResourceEventHandlerRegistration, err error) {
-	if err != nil {
-		panic(fmt.Sprintf("watch: adding event handler: %v", err)) // only fails on a stopped informer
 	}
 }

@@ -72,7 +72,10 @@ func TestWatchEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := watch.New(client, eng, watch.Options{MinInterval: time.Millisecond}, zaptest.NewLogger(t))
+	w, err := watch.New(client, eng, watch.Options{MinInterval: time.Millisecond}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
