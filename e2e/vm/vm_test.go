@@ -199,7 +199,7 @@ ipvsadm -a -u 198.18.0.10:53 -r %[2]s:8053 -m
 		}
 	})
 
-	t.Run("kernel loads ipset types and xt matches on demand", func(t *testing.T) {
+	t.Run("kernel loads ipset types, xt matches, schedulers, nf_tables on demand", func(t *testing.T) {
 		// None of these modules is loaded at boot: the kernel calls /sbin/modprobe.
 		script := `set -e
 ipset create KUBE-LOOP-BACK hash:ip,port,ip
@@ -208,12 +208,21 @@ ipset create KUBE-NODE-PORT-TCP bitmap:port range 0-65535
 iptables -t nat -N KUBE-TEST
 iptables -t nat -A KUBE-TEST -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
 iptables-save -t nat | grep -c match-set
+ipvsadm -A -t 198.18.0.20:80 -s mh -b flag-1,flag-2
+ipvsadm -A -u 198.18.0.20:53 -s wlc
+iptables-nft -t filter -N KUBE-NFT-TEST
+iptables-nft -t filter -A KUBE-NFT-TEST -m comment --comment test -j RETURN
+ip6tables -t nat -N KUBE-TEST6
+echo 1 > /proc/sys/net/ipv4/vs/conntrack
+echo "vs.conntrack=$(cat /proc/sys/net/ipv4/vs/conntrack)"
+ipvsadm -Ln
 ipset list -n`
 		out, err := node.RunOK(ctx, script)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"KUBE-LOOP-BACK", "KUBE-NODE-PORT-TCP"} {
+		for _, want := range []string{"KUBE-LOOP-BACK", "KUBE-NODE-PORT-TCP", "vs.conntrack=1",
+			"198.18.0.20:80 mh (mh-fallback,mh-port)", "198.18.0.20:53 wlc"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("ipset list lacks %s:\n%s", want, out)
 			}
