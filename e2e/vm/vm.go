@@ -120,6 +120,9 @@ func (o *Options) defaults() error {
 	if o.CacheDir == "" {
 		o.CacheDir = filepath.Join(o.RepoRoot, ".cache", "vm")
 	}
+	if o.MemoryMB < 0 || o.CPUs < 0 || o.BootTimeout < 0 {
+		return fmt.Errorf("negative MemoryMB, CPUs or BootTimeout in vm.Options")
+	}
 	if o.MemoryMB == 0 {
 		o.MemoryMB = 1024
 	}
