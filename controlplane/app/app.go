@@ -90,12 +90,16 @@ func New(cfg Config) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: grpc server: %w", err)
 	}
+	watcher, err := watch.New(cfg.Kube, eng, cfg.Watch, log.Named("watch"))
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: watch: %w", err)
+	}
 	return &Replica{
 		cfg:      cfg,
 		log:      log,
 		Store:    store,
 		Engine:   eng,
-		Watcher:  watch.New(cfg.Kube, eng, cfg.Watch, log.Named("watch")),
+		Watcher:  watcher,
 		Streams:  streams,
 		GRPC:     gs,
 		Registry: reg,
