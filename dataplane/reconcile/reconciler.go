@@ -173,8 +173,10 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 		oldApplied := !failed && r.applied[name] != ""
 		old := r.store.put(name, rs)
 		t.addChange(name, old, rs, oldApplied && old != nil && r.applied[name] == old.version)
+		if !inDelta[name] { // appendOnce would be O(n²) on a full delta
+			changed = append(changed, name)
+		}
 		inDelta[name] = true
-		changed = appendOnce(changed, name)
 	}
 	removed := slices.Clone(delta.GetRemoved())
 	if delta.GetReplaceAll() {
@@ -190,7 +192,9 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 		delete(r.failed, name)
 		if old != nil {
 			t.add(name, old)
-			changed = appendOnce(changed, name)
+			if !inDelta[name] {
+				changed = append(changed, name)
+			}
 		}
 	}
 
@@ -228,8 +232,16 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	if first {
 		evaluate = slices.Collect(maps.Keys(r.store.res))
 	}
-	for name := range p.errs {
-		evaluate = appendOnce(evaluate, name)
+	if len(p.errs) > 0 {
+		seen := make(map[string]bool, len(evaluate))
+		for _, name := range evaluate {
+			seen[name] = true
+		}
+		for name := range p.errs {
+			if !seen[name] {
+				evaluate = append(evaluate, name)
+			}
+		}
 	}
 	r.settle(p, evaluate)
 
