@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -402,4 +403,31 @@ func Await(ctx context.Context, timeout, interval time.Duration, cond func(conte
 		case <-time.After(interval):
 		}
 	}
+}
+
+// AwaitServing waits (bounded by timeout) until node has exactly
+// virtualServers virtual servers on vip:port (one per protocol), each
+// serving exactly want ("addr:port", draining real servers aside).
+func (c *Cluster) AwaitServing(ctx context.Context, node, vip string, port int32, virtualServers int, want []string, timeout time.Duration) error {
+	want = slices.Sorted(slices.Values(want))
+	return Await(ctx, timeout, 500*time.Millisecond, func(ctx context.Context) error {
+		out, err := c.IPVS(ctx, node)
+		if err != nil {
+			return err
+		}
+		tab, err := ParseIPVSADM(out)
+		if err != nil {
+			return err
+		}
+		found := tab.Find(vip, port)
+		if len(found) != virtualServers {
+			return fmt.Errorf("%s: want %d virtual servers on %s:%d, have:\n%s", node, virtualServers, vip, port, tab)
+		}
+		for k := range found {
+			if got := tab.Serving(k); !slices.Equal(got, want) {
+				return fmt.Errorf("%s: %s serves %v, want %v", node, k, got, want)
+			}
+		}
+		return nil
+	})
 }
