@@ -268,3 +268,24 @@ func counter(c prometheus.Metric) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+func TestNodeUpdate(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	addNode(c, "n1")
+	setService(c, "a", "198.18.0.1", time.Time{})
+	apply(t, e, c)
+	if ips := get(t, st, "n1", snapshot.NodeSettingsName).GetNodeSettings().NodeIps; len(ips) != 0 {
+		t.Fatalf("node ips %v", ips)
+	}
+	c = changes()
+	c.Nodes["n1"] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
+		Name: "n1", Zone: "z1", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.11")}}}}
+	apply(t, e, c)
+	ns := get(t, st, "n1", snapshot.NodeSettingsName).GetNodeSettings()
+	if diff := cmp.Diff([]string{"198.19.0.11"}, ns.NodeIps); diff != "" || ns.Zone != "z1" || ns.DefaultScheduler != "rr" {
+		t.Errorf("node settings %v", ns)
+	}
+	// The zone change refilled the node; its Services are still there.
+	get(t, st, "n1", "service/ns/a")
+}
