@@ -98,7 +98,10 @@ func (e *Env) Stop() error {
 	e.stopOnce.Do(func() {
 		var errs []error
 		for i := len(e.procs) - 1; i >= 0; i-- {
-			e.procs[i].stop()
+			t := time.Now()
+			killed := e.procs[i].stop()
+			e.log.Debug("stopped", zap.String("name", e.procs[i].name),
+				zap.Duration("took", time.Since(t)), zap.Bool("killed", killed))
 		}
 		if !e.keepDir {
 			if err := os.RemoveAll(e.Dir); err != nil {
@@ -275,18 +278,22 @@ func (e *Env) spawn(bin, name string, args ...string) (*proc, error) {
 	return p, nil
 }
 
-func (p *proc) stop() {
+// stop ends the process: SIGTERM, then SIGKILL after 5s. It reports
+// whether SIGKILL was needed.
+func (p *proc) stop() (killed bool) {
 	select {
 	case <-p.done:
-		return
+		return false
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
+		return false
 	case <-time.After(5 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+		return true
 	}
 }
 

@@ -24,7 +24,7 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "kubeenv:", err)
+		fmt.Fprintln(os.Stderr, err) // errors already carry a "kubeenv:" prefix
 		os.Exit(1)
 	}
 }
