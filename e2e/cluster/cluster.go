@@ -431,3 +431,21 @@ func (c *Cluster) AwaitServing(ctx context.Context, node, vip string, port int32
 		return nil
 	})
 }
+
+// AwaitAcked waits (bounded by timeout) until every node's agent is
+// connected to the control plane and has acknowledged all its resources.
+func (c *Cluster) AwaitAcked(ctx context.Context, timeout time.Duration) error {
+	return Await(ctx, timeout, 200*time.Millisecond, func(context.Context) error {
+		reg := c.Replica.Streams.Registry()
+		for _, n := range c.Nodes {
+			a, ok := reg.Agent(n.Name)
+			if !ok {
+				return fmt.Errorf("agent %s not connected", n.Name)
+			}
+			if p := a.GetPendingResources(); p != 0 {
+				return fmt.Errorf("agent %s has %d resources not acknowledged", n.Name, p)
+			}
+		}
+		return nil
+	})
+}

@@ -99,6 +99,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	created := time.Now()
 	vip, err := c.CreateService(ctx, ns, name, []cluster.Port{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}, backends)
 	if err != nil {
 		return err
@@ -109,7 +110,10 @@ func run() error {
 			return err
 		}
 	}
-	fmt.Printf("  ClusterIP %s; programmed on both nodes %v after creation\n", vip, time.Since(t0).Round(time.Millisecond))
+	if err := c.AwaitAcked(ctx, time.Minute); err != nil {
+		return err
+	}
+	fmt.Printf("  ClusterIP %s; in both nodes' kernels and acknowledged %v after creation\n", vip, time.Since(created).Round(time.Millisecond))
 
 	cp := fmt.Sprintf("127.0.0.1:%d", c.CPPort)
 	section("(a) node1's desired state, from the control plane (grpcurl)")
@@ -177,7 +181,10 @@ func show(ctx context.Context, name string, args ...string) error {
 	defer cancel()
 	quoted := make([]string, len(args))
 	for i, a := range args {
-		quoted[i] = vm.ShellQuote(a)
+		quoted[i] = a
+		if strings.ContainsAny(a, " '\"{}$*?;&|<>()\\") {
+			quoted[i] = vm.ShellQuote(a)
+		}
 	}
 	fmt.Printf("$ %s %s\n", filepath.Base(name), strings.Join(quoted, " "))
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
