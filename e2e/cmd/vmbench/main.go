@@ -1,0 +1,216 @@
+// Command vmbench measures the agent's reconciler on the real kernel of the
+// network namespace it runs in (issue #3, "Measure"). It is a static binary run
+// inside the QEMU test bed (e2e/vmbench drives it), in a fresh node namespace:
+//
+//	vmbench --services N [--changes K] [--removes R]
+//
+// It uses agent.NewLinuxKernel + reconcile.New directly (no control plane):
+//
+//  1. cold start: one ReplaceAll Delta with N ClusterIP Services into an empty
+//     kernel (one TCP port each, ClusterIP 198.18.x.y, 2 endpoints in
+//     198.19.0.0/16);
+//  2. K Deltas that each change one endpoint of one Service (a different
+//     Service each time): median/p90 per Apply, kernel_operations of one;
+//  3. R times: add one extra Service, then remove it (the removal unbinds its
+//     address from kube-ipvs0 while N others stay bound).
+//
+// The result is one JSON object on stdout; logs go to stderr.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/dataplane/agent"
+	"github.com/vsplane/vsplane/dataplane/reconcile"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// maxServices keeps every ClusterIP inside 198.18.0.0/16 (250 per /24,
+// third octet 0..254, the extra Service takes 198.18.255.1).
+const maxServices = 250 * 255
+
+// Result is vmbench's JSON output. Durations are milliseconds.
+type Result struct {
+	Services int `json:"services"`
+	// ColdMS is the first Apply of N Services into an empty kernel.
+	ColdMS  float64           `json:"cold_ms"`
+	ColdOps map[string]uint32 `json:"cold_kernel_operations"`
+	// Change* describe the one-endpoint-change Applies.
+	Changes        int               `json:"changes"`
+	ChangeMedianMS float64           `json:"change_median_ms"`
+	ChangeP90MS    float64           `json:"change_p90_ms"`
+	ChangeMinMS    float64           `json:"change_min_ms"`
+	ChangeMaxMS    float64           `json:"change_max_ms"`
+	ChangeOps      map[string]uint32 `json:"change_kernel_operations"`
+	// Remove* describe removing one Service among N.
+	Removes        int               `json:"removes"`
+	RemoveMedianMS float64           `json:"remove_median_ms"`
+	RemoveP90MS    float64           `json:"remove_p90_ms"`
+	RemoveOps      map[string]uint32 `json:"remove_kernel_operations"`
+	// KernelOpenMS is NewLinuxKernel + reconcile.New (probes, module loads).
+	KernelOpenMS float64 `json:"kernel_open_ms"`
+}
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "vmbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("vmbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	n := fs.Int("services", 1000, "ClusterIP Services applied at cold start (1.."+fmt.Sprint(maxServices)+")")
+	changes := fs.Int("changes", 50, "one-endpoint-change Applies to time (>= 1)")
+	removes := fs.Int("removes", 10, "add+remove pairs of one extra Service to time (>= 0)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *n < 1 || *n > maxServices {
+		return fmt.Errorf("--services %d: must be 1..%d", *n, maxServices)
+	}
+	if *changes < 1 || *removes < 0 {
+		return errors.New("--changes must be >= 1 and --removes >= 0")
+	}
+	log, err := zap.NewProductionConfig().Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
+
+	t0 := time.Now()
+	k, err := agent.NewLinuxKernel(ctx, log)
+	if err != nil {
+		return fmt.Errorf("open kernel: %w", err)
+	}
+	// A long period: no full reconcile runs during the measurement (Run is
+	// never started anyway).
+	r, err := reconcile.New(k, reconcile.Config{Period: time.Hour}, log)
+	if err != nil {
+		return fmt.Errorf("reconciler: %w", err)
+	}
+	res := Result{Services: *n, Changes: *changes, Removes: *removes, KernelOpenMS: ms(time.Since(t0))}
+
+	svcs := make([]*vsplanev1.Resource, *n)
+	for i := range svcs {
+		svcs[i] = service(i, 0)
+	}
+	d, ack, err := apply(ctx, r, &vsplanev1.Delta{Nonce: "cold", Resources: svcs, ReplaceAll: true})
+	if err != nil {
+		return fmt.Errorf("cold start: %w", err)
+	}
+	res.ColdMS, res.ColdOps = ms(d), ack.GetKernelOperations()
+
+	// Each change moves the second endpoint of a different Service (a
+	// stride walk, so not always the same entries) to a new address.
+	times := make([]time.Duration, 0, *changes)
+	for c := range *changes {
+		i := (c * 7919) % *n
+		d, ack, err := apply(ctx, r, &vsplanev1.Delta{Nonce: fmt.Sprint("change-", c),
+			Resources: []*vsplanev1.Resource{service(i, c+1)}})
+		if err != nil {
+			return fmt.Errorf("change %d: %w", c, err)
+		}
+		times = append(times, d)
+		if c == *changes/2 {
+			res.ChangeOps = ack.GetKernelOperations()
+		}
+	}
+	res.ChangeMedianMS, res.ChangeP90MS = ms(quantile(times, 0.5)), ms(quantile(times, 0.9))
+	res.ChangeMinMS, res.ChangeMaxMS = ms(slices.Min(times)), ms(slices.Max(times))
+
+	times = times[:0]
+	extra := service(-1, 0)
+	for c := range *removes {
+		if _, _, err := apply(ctx, r, &vsplanev1.Delta{Nonce: fmt.Sprint("add-", c), Resources: []*vsplanev1.Resource{extra}}); err != nil {
+			return fmt.Errorf("add extra %d: %w", c, err)
+		}
+		d, ack, err := apply(ctx, r, &vsplanev1.Delta{Nonce: fmt.Sprint("rm-", c), Removed: []string{extra.GetName()}})
+		if err != nil {
+			return fmt.Errorf("remove extra %d: %w", c, err)
+		}
+		times = append(times, d)
+		res.RemoveOps = ack.GetKernelOperations()
+	}
+	if len(times) > 0 {
+		res.RemoveMedianMS, res.RemoveP90MS = ms(quantile(times, 0.5)), ms(quantile(times, 0.9))
+	}
+
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(res)
+}
+
+// apply runs one Delta and times it; a NACK is an error.
+func apply(ctx context.Context, r *reconcile.Reconciler, d *vsplanev1.Delta) (time.Duration, *vsplanev1.Ack, error) {
+	start := time.Now()
+	ack := r.Apply(ctx, d)
+	took := time.Since(start)
+	if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		return took, ack, fmt.Errorf("not acked (%v): %v", ack.GetStatus(), ack.GetErrors())
+	}
+	return took, ack, nil
+}
+
+// service builds ClusterIP Service i (i = -1: the extra one at 198.18.255.1)
+// like the control plane would: one TCP virtual server on port 80 with two
+// endpoints and its KUBE-CLUSTER-IP entry. gen picks the second endpoint, so
+// gen != previous gen is a one-endpoint change.
+func service(i, gen int) *vsplanev1.Resource {
+	name, vip := fmt.Sprint("bench-", i), fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)
+	if i < 0 {
+		name, vip = "bench-extra", "198.18.255.1"
+		i = 0
+	}
+	second := fmt.Sprintf("198.19.%d.%d", 100+gen%100, i%250+1)
+	vs := &vsplanev1.VirtualServer{
+		Kind:     vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP,
+		Address:  vip,
+		Family:   vsplanev1.IPFamily_IP_FAMILY_IPV4,
+		Port:     80,
+		Protocol: vsplanev1.Protocol_PROTOCOL_TCP,
+		Binding:  vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS,
+		RealServers: []*vsplanev1.RealServer{
+			{Address: fmt.Sprintf("198.19.1.%d", i%250+1), Port: 8080, Weight: 1, Ready: true},
+			{Address: second, Port: 8080, Weight: 1, Ready: true},
+		},
+	}
+	return &vsplanev1.Resource{
+		Name:    "service/default/" + name,
+		Version: fmt.Sprint(gen),
+		Body: &vsplanev1.Resource_Service{Service: &vsplanev1.ServiceState{
+			Namespace:      "default",
+			Name:           name,
+			VirtualServers: []*vsplanev1.VirtualServer{vs},
+			IpsetEntries: []*vsplanev1.IPSetEntry{{
+				Set: vsplanev1.IPSet_IP_SET_CLUSTER_IP, Family: vsplanev1.IPFamily_IP_FAMILY_IPV4,
+				Ip: vip, Port: 80, Protocol: vsplanev1.Protocol_PROTOCOL_TCP,
+			}},
+		}},
+	}
+}
+
+// quantile is the nearest-rank q-quantile of ds (not modified).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	idx := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(idx, len(s)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,209 @@
+// Package vmbench measures the agent's reconciler on the real kernel of the QEMU
+// test bed (issue #3, "Measure"): the time to apply a one-endpoint change with
+// 1,000 and with 10,000 ClusterIP Services present (it should be flat), and
+// cold start (empty kernel to N Services). It is a measurement, not a CI test:
+// TestVMBench runs only with VSPLANE_VMBENCH=1.
+//
+//	VSPLANE_VMBENCH=1 go test -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
+//
+// Results go to _out/vmbench/results.json and _out/vmbench/results.md. Under
+// TCG the absolute times are inflated; the ratio between the sizes matters.
+package vmbench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/vsplane/vsplane/e2e/vm"
+)
+
+const optIn = "VSPLANE_VMBENCH"
+
+// Result mirrors e2e/cmd/vmbench's JSON output (durations in ms).
+type Result struct {
+	Services       int               `json:"services"`
+	ColdMS         float64           `json:"cold_ms"`
+	ColdOps        map[string]uint32 `json:"cold_kernel_operations"`
+	Changes        int               `json:"changes"`
+	ChangeMedianMS float64           `json:"change_median_ms"`
+	ChangeP90MS    float64           `json:"change_p90_ms"`
+	ChangeMinMS    float64           `json:"change_min_ms"`
+	ChangeMaxMS    float64           `json:"change_max_ms"`
+	ChangeOps      map[string]uint32 `json:"change_kernel_operations"`
+	Removes        int               `json:"removes"`
+	RemoveMedianMS float64           `json:"remove_median_ms"`
+	RemoveP90MS    float64           `json:"remove_p90_ms"`
+	RemoveOps      map[string]uint32 `json:"remove_kernel_operations"`
+	KernelOpenMS   float64           `json:"kernel_open_ms"`
+}
+
+// Report is results.json.
+type Report struct {
+	Time string `json:"time"`
+	// LoadAvg is the host's /proc/loadavg before and after the runs (the
+	// machine is shared; TCG times depend on it).
+	LoadAvgBefore string   `json:"host_loadavg_before"`
+	LoadAvgAfter  string   `json:"host_loadavg_after"`
+	BootSeconds   float64  `json:"vm_boot_seconds"`
+	Runs          []Result `json:"runs"`
+	// Ratios are the largest size's value over the smallest size's.
+	Ratios map[string]float64 `json:"ratios"`
+}
+
+func sizes(t *testing.T) []int {
+	s := os.Getenv("VSPLANE_VMBENCH_SIZES")
+	if s == "" {
+		return []int{1000, 10000}
+	}
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			t.Fatalf("VSPLANE_VMBENCH_SIZES=%q: want comma-separated positive integers", s)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func TestVMBench(t *testing.T) {
+	if os.Getenv(optIn) != "1" {
+		t.Skip("measurement, not a CI test: set " + optIn + "=1 to run it")
+	}
+	ns := sizes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
+	if d, ok := t.Deadline(); ok {
+		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-30*time.Second))
+	}
+	defer cancel()
+
+	rep := Report{Time: time.Now().UTC().Format(time.RFC3339), LoadAvgBefore: loadavg()}
+	v, err := vm.Boot(ctx, vm.Options{
+		GoPackages:  []string{"./e2e/cmd/vmbench"},
+		MemoryMB:    2048,
+		BootTimeout: 6 * time.Minute,
+		Log:         zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+	})
+	if err != nil {
+		if errors.Is(err, vm.ErrDepsMissing) {
+			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer v.Stop()
+	rep.BootSeconds = v.BootTime.Seconds()
+	topo, err := vm.NewTopology(ctx, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// One fresh node namespace per size: each run starts from an empty kernel.
+	for _, n := range ns {
+		node, err := topo.AddNode(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		out, err := node.RunOK(ctx, fmt.Sprintf("vmbench --services %d --changes 50 --removes 10", n))
+		if err != nil {
+			t.Fatalf("vmbench --services %d in %s: %v", n, node.Name, err)
+		}
+		var r Result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("vmbench output: %v\n%s", err, out)
+		}
+		if r.Services != n || r.ChangeMedianMS <= 0 || r.ColdMS <= 0 {
+			t.Fatalf("vmbench output implausible: %s", out)
+		}
+		t.Logf("N=%d in %s (%v wall): cold %.0f ms, change median %.2f ms p90 %.2f ms ops %v, remove median %.2f ms ops %v",
+			n, node.Name, time.Since(start).Round(time.Second), r.ColdMS, r.ChangeMedianMS, r.ChangeP90MS, r.ChangeOps, r.RemoveMedianMS, r.RemoveOps)
+		rep.Runs = append(rep.Runs, r)
+	}
+	rep.LoadAvgAfter = loadavg()
+	if len(rep.Runs) >= 2 {
+		lo, hi := rep.Runs[0], rep.Runs[len(rep.Runs)-1]
+		rep.Ratios = map[string]float64{
+			"cold":          hi.ColdMS / lo.ColdMS,
+			"change_median": hi.ChangeMedianMS / lo.ChangeMedianMS,
+			"change_p90":    hi.ChangeP90MS / lo.ChangeP90MS,
+		}
+		if lo.RemoveMedianMS > 0 {
+			rep.Ratios["remove_median"] = hi.RemoveMedianMS / lo.RemoveMedianMS
+		}
+		t.Logf("ratios %d/%d: cold %.2f, change median %.2f, change p90 %.2f, remove median %.2f",
+			hi.Services, lo.Services, rep.Ratios["cold"], rep.Ratios["change_median"], rep.Ratios["change_p90"], rep.Ratios["remove_median"])
+	}
+	if err := write(rep); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// write stores results.json and results.md in RepoRoot/_out/vmbench.
+func write(rep Report) error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := vm.FindRepoRoot(wd)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, "_out", "vmbench")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(markdown(rep)), 0o644)
+}
+
+func markdown(rep Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# vmbench %s\n\nQEMU TCG, host load average before `%s`, after `%s`; VM boot %.0f s.\n\n",
+		rep.Time, rep.LoadAvgBefore, rep.LoadAvgAfter, rep.BootSeconds)
+	b.WriteString("| Services | cold start (ms) | one-endpoint change median (ms) | p90 (ms) | kernel ops per change | remove one Service median (ms) |\n")
+	b.WriteString("|---:|---:|---:|---:|---|---:|\n")
+	for _, r := range rep.Runs {
+		fmt.Fprintf(&b, "| %d | %.0f | %.2f | %.2f | %s | %.2f |\n",
+			r.Services, r.ColdMS, r.ChangeMedianMS, r.ChangeP90MS, ops(r.ChangeOps), r.RemoveMedianMS)
+	}
+	if rep.Ratios != nil {
+		fmt.Fprintf(&b, "\nRatio largest/smallest: cold %.2f, change median %.2f, change p90 %.2f, remove median %.2f\n",
+			rep.Ratios["cold"], rep.Ratios["change_median"], rep.Ratios["change_p90"], rep.Ratios["remove_median"])
+	}
+	return b.String()
+}
+
+func ops(m map[string]uint32) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	}
+	return strings.Join(parts, " ")
+}
