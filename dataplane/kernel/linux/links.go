@@ -181,6 +181,17 @@ func (l *Links) UnbindAddress(dev string, addr netip.Addr) error {
 	if err != nil || link == nil {
 		return err
 	}
+	// The agent binds host prefixes (/32, /128): delete that directly, so a
+	// Service removal costs O(1) requests however many addresses are bound.
+	// Only when it is not there (EADDRNOTAVAIL: bound by someone else with
+	// another prefix length, or not bound at all) list the device's addresses.
+	err = l.h.AddrDel(link, &netlink.Addr{IPNet: hostNet(addr)})
+	switch {
+	case err == nil || errors.Is(err, syscall.ENODEV):
+		return nil
+	case !errors.Is(err, syscall.EADDRNOTAVAIL):
+		return linkErr(fmt.Sprintf("links: unbind %v from %s", addr, dev), err)
+	}
 	// Delete the address with whatever prefix length it has.
 	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {

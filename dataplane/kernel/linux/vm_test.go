@@ -15,6 +15,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/contract"
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
@@ -85,6 +87,43 @@ func TestVMKubeIPVS0(t *testing.T) {
 	got, err := l.BoundAddresses(kernel.DummyDevice)
 	if err != nil || len(got) != 1 {
 		t.Fatalf("bound: %v, %v", got, err)
+	}
+}
+
+// TestVMUnbindOtherPrefix: UnbindAddress deletes a /32 (/128) directly and
+// falls back to listing for an address bound with another prefix length.
+func TestVMUnbindOtherPrefix(t *testing.T) {
+	l := newLinks(t)
+	const dev = "vsptprefix"
+	if _, err := l.EnsureDummy(dev); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.DeleteDummy(dev) })
+	link, err := netlink.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"198.18.77.1/24", "2001:2:0:77::1/64"} {
+		a, err := netlink.ParseAddr(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.AddrAdd(link, a); err != nil {
+			t.Fatalf("add %s by hand: %v", p, err)
+		}
+	}
+	host := testAddr(t, "198.18.77.2")
+	if _, err := l.BindAddress(dev, host); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"198.18.77.1", "2001:2:0:77::1", "198.18.77.2"} {
+		if err := l.UnbindAddress(dev, testAddr(t, a)); err != nil {
+			t.Fatalf("unbind %s: %v", a, err)
+		}
+	}
+	got, err := l.BoundAddresses(dev)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("after unbinding everything: %v, %v", got, err)
 	}
 }
 
