@@ -75,7 +75,14 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 	other.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": "someone-else"}
 	otherIP := mustCreateService(t, ctx, kube, other)
 
+	// The apiserver's own default/kubernetes Service has no endpoints here
+	// (--endpoint-reconciler-type=none): a virtual server without real servers.
+	kubeSvc, err := kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string][]string{
+		vsKey(kubeSvc.Spec.ClusterIP, 443): {},
 		vsKey(web, 80):   expectedDests("198.19.1.10", "198.19.2.10"),
 		vsKey(web, 443):  expectedDests("198.19.1.10", "198.19.2.10"),
 		vsKey(api, 8000): expectedDests("198.19.2.20"),
@@ -83,7 +90,7 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 	for _, n := range nodes {
 		k := kernels[n].Kernel()
 		eventually(t, converge, func() string { return diffState(ipvsState(t, k.IPVS), want) })
-		eventually(t, converge, func() string { return boundMismatch(t, k, web, api) })
+		eventually(t, converge, func() string { return boundMismatch(t, k, kubeSvc.Spec.ClusterIP, web, api) })
 	}
 	if slices.ContainsFunc(slices.Collect(maps.Keys(ipvsState(t, kernels["node-a"].Kernel().IPVS))), func(k string) bool { return strings.Contains(k, otherIP+":") }) {
 		t.Fatalf("service labelled with another service-proxy-name was programmed")
@@ -128,7 +135,7 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 		for _, n := range nodes {
 			k := kernels[n].Kernel()
 			eventually(t, converge, func() string { return diffState(ipvsState(t, k.IPVS), want) })
-			eventually(t, converge, func() string { return boundMismatch(t, k, web) })
+			eventually(t, converge, func() string { return boundMismatch(t, k, kubeSvc.Spec.ClusterIP, web) })
 		}
 		for _, d := range log.since(mark) {
 			if !slices.Equal(d.removed, []string{snapshot.ServiceName(ns, "api")}) || len(d.resources) != 0 {

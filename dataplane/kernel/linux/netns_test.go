@@ -1,6 +1,8 @@
 package linux_test
 
 import (
+	"github.com/vishvananda/netlink"
+
 	"errors"
 	"fmt"
 	"os"
@@ -73,6 +75,16 @@ func checkPrivateNetns() error {
 	parent := os.Getenv(parentNetnsEnv)
 	if parent == "" || self == parent {
 		return fmt.Errorf("refusing to run kernel tests: namespace %s is not a fresh one (parent %q)", self, parent)
+	}
+	// A new namespace starts with lo down, and without it the kernel has no
+	// local routing table: IPVS then rejects IPv4 masq destinations with
+	// EINVAL. Every real node has lo up.
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo in the private namespace: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bring lo up in the private namespace: %w", err)
 	}
 	return nil
 }
