@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 
-.PHONY: all tools proto build test lint check-generated demo kube vm-deps clean
+.PHONY: all tools proto build test lint check-generated demo kube vm-deps bench bench-vm clean
 
 all: build
 
@@ -60,6 +60,15 @@ test: tools kube vm-deps lint
 ## demo: the main job — apiserver, control plane, VM with two agent nodes, a Service through IPVS
 demo: tools
 	DURATION=$(DURATION) bash scripts/demo.sh
+
+## bench: control-plane (10k Services x 1k nodes) and reconciler benchmarks (measurements, not CI)
+bench:
+	$(GO) test ./controlplane/engine -run '^$$' -bench 'EndpointChange' -benchtime 2000x -benchmem
+	$(GO) test ./dataplane/reconcile -run '^$$' -bench 'ApplyOne' -benchtime 2000x -count 5
+
+## bench-vm: agent apply time on the real kernel in the VM, 1k vs 10k Services (writes _out/vmbench/)
+bench-vm: vm-deps
+	VSPLANE_VMBENCH=1 $(GO) test -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
 
 clean:
 	rm -rf $(BIN) _out
