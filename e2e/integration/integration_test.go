@@ -83,9 +83,9 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 	}
 	want := map[string][]string{
 		vsKey(kubeSvc.Spec.ClusterIP, 443): {},
-		vsKey(web, 80):   expectedDests("198.19.1.10", "198.19.2.10"),
-		vsKey(web, 443):  expectedDests("198.19.1.10", "198.19.2.10"),
-		vsKey(api, 8000): expectedDests("198.19.2.20"),
+		vsKey(web, 80):                     expectedDests("198.19.1.10", "198.19.2.10"),
+		vsKey(web, 443):                    expectedDests("198.19.1.10", "198.19.2.10"),
+		vsKey(api, 8000):                   expectedDests("198.19.2.20"),
 	}
 	for _, n := range nodes {
 		k := kernels[n].Kernel()
