@@ -37,6 +37,7 @@ build:
 ## lint: buf lint, go vet, and generated code is current
 lint: check-generated
 	$(BIN)/buf lint
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags vmtest ./dataplane/...
 
