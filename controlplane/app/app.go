@@ -23,6 +23,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/engine"
 	"github.com/vsplane/vsplane/controlplane/grpcserver"
 	"github.com/vsplane/vsplane/controlplane/inspect"
+	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
@@ -57,6 +58,7 @@ type Replica struct {
 	Streams  *stream.Server
 	GRPC     *grpcserver.Server
 	Registry *prometheus.Registry
+	Metrics  *cpmetrics.ControlPlane
 }
 
 // New builds a replica; Run starts it.
@@ -76,11 +78,17 @@ func New(cfg Config) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: engine: %w", err)
 	}
+	metrics, err := cpmetrics.New(reg, nil)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
 	sopts := cfg.Stream
 	if sopts.Logger == nil {
 		sopts.Logger = log.Named("stream")
 	}
+	sopts.Hooks = metrics.Hooks(cfg.Stream.Hooks)
 	streams := stream.NewServer(stream.Adapt[snapshot.Subscription](store), sopts)
+	metrics.Track(streams.Registry(), store)
 	insp := inspect.NewServer(streams.Registry(), store)
 	gs, err := grpcserver.New(grpcserver.Options{Logger: log.Named("grpc"), Registerer: reg},
 		func(r grpc.ServiceRegistrar) {
@@ -103,6 +111,7 @@ func New(cfg Config) (*Replica, error) {
 		Streams:  streams,
 		GRPC:     gs,
 		Registry: reg,
+		Metrics:  metrics,
 	}, nil
 }
 
