@@ -22,7 +22,12 @@
 //   - A failing item fails the resources that own or touched it (NACK with
 //     the kernel's message); every other item is still applied. Failed
 //     resources are retried by Run with exponential backoff.
-//   - Apply, Versions, Reconcile and Stats are safe for concurrent use.
+//   - Graceful drain (drain.go): a TCP real server nobody wants is kept at
+//     weight 0 while it has connections, checked every DrainCheckInterval
+//     and deleted when drained or after MaxDrain; UDP/SCTP ones go at once.
+//     A restarted agent keeps draining the weight-0 leftovers it finds.
+//   - Apply, Versions, Reconcile, CheckDrains, Draining, Stats and Status
+//     are safe for concurrent use.
 package reconcile
 
 import (
@@ -56,6 +61,13 @@ type Config struct {
 	Families []kernel.Family
 	// Now is the clock (default time.Now); tests may replace it.
 	Now func() time.Time
+	// DrainCheckInterval is how often draining real servers are checked
+	// for connections (default 5s; kube-proxy: 1 min).
+	DrainCheckInterval time.Duration
+	// MaxDrain bounds a drain: a real server still holding connections
+	// this long after its drain started is deleted (default 10 min;
+	// kube-proxy has no bound).
+	MaxDrain time.Duration
 }
 
 // Stats are counters for metrics and AgentStatus.
@@ -68,8 +80,18 @@ type Stats struct {
 	RepairsByKind map[string]uint64
 	// FailedResources is the number of resources currently failed.
 	FailedResources int
-	// KernelErrors are the errors of the last pass no resource owns.
+	// KernelErrors are the errors of the last pass no resource owns, then
+	// those of the last drain check.
 	KernelErrors []string
+	// Draining is the number of real servers being drained.
+	Draining int
+	// DrainsCompleted counts drained real servers deleted once they had no
+	// connections; DrainsTimedOut those deleted at MaxDrain.
+	DrainsCompleted, DrainsTimedOut uint64
+	// DrainOps counts kernel writes of drain housekeeping that no Ack and
+	// no drift repair count reports: drain checks, and deletions of drained
+	// real servers by full reconciles.
+	DrainOps map[string]uint64
 }
 
 type failure struct {
@@ -98,6 +120,11 @@ type Reconciler struct {
 	retryAt    time.Time
 	lastFull   time.Time
 	stats      Stats
+	// drains are the real servers kept at weight 0 while they have
+	// connections (drain.go); drainAt is the next drain check (zero: none).
+	drains    map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState
+	drainAt   time.Time
+	drainErrs []string
 
 	wake chan struct{}
 }
@@ -109,8 +136,14 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	if k.IPVS == nil || k.IPSets == nil || k.Links == nil || k.IPTables == nil || k.Sysctl == nil {
 		return nil, errors.New("reconcile: every kernel subsystem is required")
 	}
-	if cfg.Period < 0 || cfg.RetryBase < 0 || cfg.RetryMax < 0 {
+	if cfg.Period < 0 || cfg.RetryBase < 0 || cfg.RetryMax < 0 || cfg.DrainCheckInterval < 0 || cfg.MaxDrain < 0 {
 		return nil, errors.New("reconcile: negative durations")
+	}
+	if cfg.DrainCheckInterval == 0 {
+		cfg.DrainCheckInterval = 5 * time.Second
+	}
+	if cfg.MaxDrain == 0 {
+		cfg.MaxDrain = 10 * time.Minute
 	}
 	if cfg.Period == 0 {
 		cfg.Period = 30 * time.Second
@@ -142,7 +175,8 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		k: k, cfg: cfg, log: log.Named("reconcile"), families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
 		store: newStore(), applied: map[string]string{}, failed: map[string]failure{},
 		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
-		stats: Stats{RepairsByKind: map[string]uint64{}}, wake: make(chan struct{}, 1),
+		stats: Stats{RepairsByKind: map[string]uint64{}, DrainOps: map[string]uint64{}}, wake: make(chan struct{}, 1),
+		drains: map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState{},
 	}, nil
 }
 
@@ -244,6 +278,7 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 		}
 	}
 	r.settle(p, evaluate)
+	r.scheduleDrains(r.cfg.Now(), false)
 
 	ack := &vsplanev1.Ack{
 		Nonce:            delta.GetNonce(),
@@ -440,15 +475,24 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 	p.syncIPTables(true, nil)
 	r.settle(p, slices.Collect(maps.Keys(r.store.res)))
 	now := r.cfg.Now()
+	r.scheduleDrains(now, false)
 	r.lastFull = now
 	r.stats.FullReconciles++
 	r.stats.LastFullReconcile = now
+	repaired := map[string]uint32{}
 	for op, n := range p.ops {
-		r.stats.DriftRepaired += uint64(n)
-		r.stats.RepairsByKind[op] += uint64(n)
+		if d := p.drainOps[op]; d > 0 {
+			r.stats.DrainOps[op] += uint64(d)
+			n -= d
+		}
+		if n > 0 {
+			repaired[op] = n
+			r.stats.DriftRepaired += uint64(n)
+			r.stats.RepairsByKind[op] += uint64(n)
+		}
 	}
-	if total := len(p.ops); total > 0 {
-		r.log.Info("full reconcile repaired drift", zap.Any("ops", p.ops))
+	if len(repaired) > 0 {
+		r.log.Info("full reconcile repaired drift", zap.Any("ops", repaired))
 	}
 }
 
@@ -456,17 +500,26 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.statsLocked()
+}
+
+func (r *Reconciler) statsLocked() Stats {
 	s := r.stats
 	s.RepairsByKind = maps.Clone(r.stats.RepairsByKind)
 	s.FailedResources = len(r.failed)
-	s.KernelErrors = slices.Clone(r.globalErrs)
+	s.KernelErrors = append(slices.Clone(r.globalErrs), r.drainErrs...)
+	s.Draining = r.drainCount()
+	s.DrainOps = maps.Clone(r.stats.DrainOps)
 	return s
 }
 
-// Status renders Stats as an AgentStatus (drain state comes later).
+// Status renders Stats and the drain list as an AgentStatus.
 func (r *Reconciler) Status() *vsplanev1.AgentStatus {
-	s := r.Stats()
-	st := &vsplanev1.AgentStatus{DriftRepaired: uint32(min(s.DriftRepaired, 1<<32-1)), KernelErrors: s.KernelErrors}
+	r.mu.Lock()
+	s, drains := r.statsLocked(), r.draining()
+	r.mu.Unlock()
+	st := &vsplanev1.AgentStatus{DriftRepaired: uint32(min(s.DriftRepaired, 1<<32-1)), KernelErrors: s.KernelErrors,
+		Draining: drainProto(drains)}
 	if !s.LastFullReconcile.IsZero() {
 		st.LastFullReconcile = timestamppb.New(s.LastFullReconcile)
 	}
@@ -493,6 +546,9 @@ func (r *Reconciler) nextWake() time.Duration {
 	if !r.retryAt.IsZero() && r.retryAt.Before(next) {
 		next = r.retryAt
 	}
+	if !r.drainAt.IsZero() && r.drainAt.Before(next) {
+		next = r.drainAt
+	}
 	return max(next.Sub(now), 0)
 }
 
@@ -512,6 +568,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		if r.due() {
 			r.Reconcile(ctx)
 		}
+		if r.drainDue() {
+			r.CheckDrains(ctx)
+		}
 	}
 }
 
@@ -523,4 +582,10 @@ func (r *Reconciler) due() bool {
 	defer r.mu.Unlock()
 	now := r.cfg.Now()
 	return r.synced && (!now.Before(r.lastFull.Add(r.period())) || (!r.retryAt.IsZero() && !now.Before(r.retryAt)))
+}
+
+func (r *Reconciler) drainDue() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.drainAt.IsZero() && !r.cfg.Now().Before(r.drainAt)
 }

@@ -51,6 +51,9 @@ type pass struct {
 	// listed is the IPVS table read by a full pass (nil: read per key), so
 	// a full pass costs one list instead of one get per virtual server.
 	listed map[kernel.VirtualServerKey]kernel.VirtualServer
+	// drainOps are the ops (also in ops) that ended a drain: housekeeping,
+	// not drift repair.
+	drainOps map[string]uint32
 }
 
 // record is what the reconciler believes the kernel holds of the state it
@@ -135,6 +138,8 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 		return
 	}
 	if !ok {
+		// Like kube-proxy, a virtual server nobody wants is deleted with its
+		// real servers, draining or not: their connections go with it.
 		if exists && !p.excluded(key.Address) {
 			p.count(OpDeleteService)
 			if err := k.DeleteVirtualServer(key); err != nil && !errors.Is(err, kernel.ErrNotFound) {
@@ -143,6 +148,7 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 			}
 		}
 		delete(p.r.programmed, key)
+		delete(p.r.drains, key) // deleted, or excluded and so not ours
 		return
 	}
 	p.r.programmed[key] = struct{}{}
@@ -180,6 +186,9 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination,
 	for _, d := range want {
 		cur, ok := have[d.Key()]
 		delete(have, d.Key())
+		// Wanted again while draining: the weight update below restores it
+		// (no delete/re-add, its connections stay).
+		p.r.untrack(key, d.Key())
 		switch {
 		case !ok:
 			p.count(OpAddDestination)
@@ -200,16 +209,6 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination,
 	slices.SortFunc(stale, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
 	for _, d := range stale {
 		p.removeDestination(key, d, names)
-	}
-}
-
-// removeDestination takes a real server out of a virtual server. It is the
-// single place where graceful termination will go (weight 0, keep while
-// ActiveConn+InactiveConn > 0 for TCP, bounded); today it deletes at once.
-func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destination, names []string) {
-	p.count(OpDeleteDestination)
-	if err := p.r.k.IPVS.DeleteDestination(key, d.Key()); err != nil && !errors.Is(err, kernel.ErrNotFound) {
-		p.fail(names, fmt.Sprintf("ipvs delete destination %v -> %v", key, d.Key()), err)
 	}
 }
 
