@@ -40,6 +40,7 @@ lint: check-generated
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags vmtest ./dataplane/...
+	$(GO) vet -tags vmbench ./e2e/vmbench
 
 check-generated: proto
 	@if [ -n "$$(git status --porcelain -- proto)" ]; then \
@@ -69,7 +70,7 @@ bench:
 
 ## bench-vm: agent apply time on the real kernel in the VM, 1k vs 10k Services (writes _out/vmbench/)
 bench-vm: vm-deps
-	VSPLANE_VMBENCH=1 $(GO) test -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
+	$(GO) test -tags vmbench -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
 
 clean:
 	rm -rf $(BIN) _out

@@ -1,10 +1,12 @@
+//go:build vmbench
+
 // Package vmbench measures the agent's reconciler on the real kernel of the QEMU
 // test bed (issue #3, "Measure"): the time to apply a one-endpoint change with
 // 1,000 and with 10,000 ClusterIP Services present (it should be flat), and
 // cold start (empty kernel to N Services). It is a measurement, not a CI test:
-// TestVMBench runs only with VSPLANE_VMBENCH=1.
+// it is built only with the vmbench tag (`make bench-vm`).
 //
-//	VSPLANE_VMBENCH=1 go test -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
+//	go test -tags vmbench -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
 //
 // Results go to _out/vmbench/results.json and _out/vmbench/results.md. Under
 // TCG the absolute times are inflated; the ratio between the sizes matters.
@@ -30,7 +32,6 @@ import (
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
-const optIn = "VSPLANE_VMBENCH"
 
 // Result mirrors e2e/cmd/vmbench's JSON output (durations in ms).
 type Result struct {
@@ -80,9 +81,6 @@ func sizes(t *testing.T) []int {
 }
 
 func TestVMBench(t *testing.T) {
-	if os.Getenv(optIn) != "1" {
-		t.Skip("measurement, not a CI test: set " + optIn + "=1 to run it")
-	}
 	ns := sizes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Minute)
 	if d, ok := t.Deadline(); ok {
