@@ -14,6 +14,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -21,6 +23,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/client"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
+	dpmetrics "github.com/vsplane/vsplane/dataplane/metrics"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -47,7 +50,11 @@ type Config struct {
 	StateDir string
 	// MetricsListener, if set, serves /metrics, /healthz and /livez.
 	MetricsListener net.Listener
-	Logger          *zap.Logger
+	// Metrics is the registry the agent's metrics go to and /metrics serves;
+	// nil means a new one with the Go and process collectors. Separate
+	// registries let several in-process agents (tests) coexist.
+	Metrics *prometheus.Registry
+	Logger  *zap.Logger
 	// OnStreamEnd is passed to the client (tests).
 	OnStreamEnd func(error)
 }
@@ -59,7 +66,10 @@ type Agent struct {
 	state      *persistentApplier
 	Reconciler *reconcile.Reconciler
 	Client     *client.Client
-	log        *zap.Logger
+	// Metrics holds the agent's metrics and health state.
+	Metrics  *dpmetrics.Agent
+	registry *prometheus.Registry
+	log      *zap.Logger
 }
 
 // New builds an agent. With a nil cfg.Kernel it opens the real kernel, which
@@ -97,6 +107,27 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 		applier = a.state
 	}
+	if a.registry = cfg.Metrics; a.registry == nil {
+		a.registry = prometheus.NewRegistry()
+		a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	period := cfg.Reconcile.Period
+	if period == 0 {
+		period = defaultReconcilePeriod
+	}
+	a.Metrics, err = dpmetrics.New(a.registry, dpmetrics.Options{
+		// kube-proxy: unhealthy when a queued update waits 2× the sync period.
+		HealthTimeout: 2 * period,
+		Stats: func() dpmetrics.Stats {
+			s := rec.Stats()
+			return dpmetrics.Stats{FullReconciles: s.FullReconciles, LastFullReconcile: s.LastFullReconcile,
+				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	applier = a.Metrics.Wrap(applier)
 	a.Client, err = client.New(client.Config{
 		Target:       cfg.ControlPlane,
 		NodeName:     cfg.NodeName,
@@ -185,6 +216,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
+// defaultReconcilePeriod is reconcile.Config's default Period.
+const defaultReconcilePeriod = 30 * time.Second
+
 // statusInterval is how often the agent refreshes the status it reports.
 const statusInterval = 10 * time.Second
 
@@ -203,15 +237,13 @@ func (a *Agent) reportStatus(ctx context.Context) {
 	}
 }
 
-// httpHandler serves Prometheus metrics and a process-liveness /healthz.
-// kube-proxy's /healthz semantics (stale-update detection) come with the
-// metrics work; until then /healthz only says the process serves HTTP.
+// httpHandler serves Prometheus metrics and kube-proxy's /healthz and /livez
+// (503 once a received Delta waited more than 2× the reconcile period).
 func (a *Agent) httpHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = fmt.Fprintln(w, "ok")
-	})
+	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	mux.Handle("/healthz", a.Metrics.HealthzHandler())
+	mux.Handle("/livez", a.Metrics.LivezHandler())
 	return mux
 }
 
