@@ -147,17 +147,30 @@ func (r *Reconciler) untrack(key kernel.VirtualServerKey, dk kernel.DestinationK
 }
 
 // scheduleDrains arms the drain check when something drains and disarms
-// it when nothing does; Run is woken to pick up a new deadline.
+// it when nothing does: the next check is one interval after the last (or
+// after the first drain started), or earlier when a drain reaches MaxDrain
+// before that, so the bound holds to the clock, not to the interval. Run
+// is woken to pick up a new deadline. O(draining real servers).
 func (r *Reconciler) scheduleDrains(now time.Time, checked bool) {
-	switch {
-	case len(r.drains) == 0:
+	if len(r.drains) == 0 {
 		r.drainAt = time.Time{}
 		return
-	case checked || r.drainAt.IsZero():
-		r.drainAt = now.Add(r.cfg.DrainCheckInterval)
-	default:
+	}
+	next := r.drainAt
+	if checked || next.IsZero() {
+		next = now.Add(r.cfg.DrainCheckInterval)
+	}
+	for _, m := range r.drains {
+		for _, ds := range m {
+			if end := ds.since.Add(r.cfg.MaxDrain); end.Before(next) {
+				next = end
+			}
+		}
+	}
+	if next.Equal(r.drainAt) {
 		return
 	}
+	r.drainAt = next
 	select {
 	case r.wake <- struct{}{}:
 	default:

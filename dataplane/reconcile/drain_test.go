@@ -164,14 +164,21 @@ func TestDrainKeepsTCPRealServerWhileConnected(t *testing.T) {
 }
 
 func TestDrainBoundedByMaxDrain(t *testing.T) {
-	mk, r, c := drainSetup(t, Config{DrainCheckInterval: drainEvery, MaxDrain: time.Minute})
+	mk, r, c := drainSetup(t, Config{Period: time.Hour, DrainCheckInterval: drainEvery, MaxDrain: time.Minute})
 	startDrain(t, mk, r)
 	c.advance(time.Minute - time.Second)
 	r.CheckDrains(context.Background())
 	if n := len(r.Draining()); n != 1 || len(writes(mk)) != 0 {
 		t.Fatalf("before MaxDrain: draining %d, writes %v", n, writes(mk))
 	}
+	// The next check comes at the bound, not a whole interval later.
+	if w := r.nextWake(); w != time.Second {
+		t.Fatalf("nextWake = %v, want 1s (MaxDrain reached)", w)
+	}
 	c.advance(time.Second)
+	if !r.drainDue() {
+		t.Fatal("drain check not due at MaxDrain")
+	}
 	r.CheckDrains(context.Background())
 	if d := cmp.Diff(map[string]int{"ipvs.DeleteDestination": 1}, writes(mk)); d != "" {
 		t.Fatalf("writes at MaxDrain (-want +got):\n%s", d)
