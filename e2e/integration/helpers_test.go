@@ -103,9 +103,11 @@ func startControlPlane(t *testing.T, ctx context.Context, kube kubernetes.Interf
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() {
+		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("control plane: %v", err)
 		}
