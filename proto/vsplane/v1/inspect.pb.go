@@ -22,6 +22,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AcknowledgementState says whether the agent holds a resource's desired
+// version.
+type AcknowledgementState int32
+
+const (
+	AcknowledgementState_ACKNOWLEDGEMENT_STATE_UNSPECIFIED AcknowledgementState = 0
+	// The agent acknowledged the desired version.
+	AcknowledgementState_ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED AcknowledgementState = 1
+	// Sent or about to be sent; no answer yet.
+	AcknowledgementState_ACKNOWLEDGEMENT_STATE_PENDING AcknowledgementState = 2
+	// The agent rejected the desired version; see nack_error.
+	AcknowledgementState_ACKNOWLEDGEMENT_STATE_NACKED AcknowledgementState = 3
+	// No agent for the node is connected to this replica.
+	AcknowledgementState_ACKNOWLEDGEMENT_STATE_NOT_CONNECTED AcknowledgementState = 4
+)
+
+// Enum value maps for AcknowledgementState.
+var (
+	AcknowledgementState_name = map[int32]string{
+		0: "ACKNOWLEDGEMENT_STATE_UNSPECIFIED",
+		1: "ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED",
+		2: "ACKNOWLEDGEMENT_STATE_PENDING",
+		3: "ACKNOWLEDGEMENT_STATE_NACKED",
+		4: "ACKNOWLEDGEMENT_STATE_NOT_CONNECTED",
+	}
+	AcknowledgementState_value = map[string]int32{
+		"ACKNOWLEDGEMENT_STATE_UNSPECIFIED":   0,
+		"ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED":  1,
+		"ACKNOWLEDGEMENT_STATE_PENDING":       2,
+		"ACKNOWLEDGEMENT_STATE_NACKED":        3,
+		"ACKNOWLEDGEMENT_STATE_NOT_CONNECTED": 4,
+	}
+)
+
+func (x AcknowledgementState) Enum() *AcknowledgementState {
+	p := new(AcknowledgementState)
+	*p = x
+	return p
+}
+
+func (x AcknowledgementState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AcknowledgementState) Descriptor() protoreflect.EnumDescriptor {
+	return file_vsplane_v1_inspect_proto_enumTypes[0].Descriptor()
+}
+
+func (AcknowledgementState) Type() protoreflect.EnumType {
+	return &file_vsplane_v1_inspect_proto_enumTypes[0]
+}
+
+func (x AcknowledgementState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AcknowledgementState.Descriptor instead.
+func (AcknowledgementState) EnumDescriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{0}
+}
+
 // ListAgentsRequest has no parameters.
 type ListAgentsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -330,6 +391,404 @@ func (x *GetNodeSnapshotResponse) GetResources() []*Resource {
 	return nil
 }
 
+// GetNodeStatusRequest names a node.
+type GetNodeStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNodeStatusRequest) Reset() {
+	*x = GetNodeStatusRequest{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNodeStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNodeStatusRequest) ProtoMessage() {}
+
+func (x *GetNodeStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNodeStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetNodeStatusRequest) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetNodeStatusRequest) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+// GetNodeStatusResponse is a connected node's stream state and last report.
+type GetNodeStatusResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeName string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	Agent    *AgentInfo             `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The last AgentStatus the agent sent; absent until it sends one.
+	Status        *AgentStatus `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNodeStatusResponse) Reset() {
+	*x = GetNodeStatusResponse{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNodeStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNodeStatusResponse) ProtoMessage() {}
+
+func (x *GetNodeStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNodeStatusResponse.ProtoReflect.Descriptor instead.
+func (*GetNodeStatusResponse) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GetNodeStatusResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *GetNodeStatusResponse) GetAgent() *AgentInfo {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+func (x *GetNodeStatusResponse) GetStatus() *AgentStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// ExplainServiceRequest names a node and a Service.
+type ExplainServiceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	Namespace     string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainServiceRequest) Reset() {
+	*x = ExplainServiceRequest{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainServiceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainServiceRequest) ProtoMessage() {}
+
+func (x *ExplainServiceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainServiceRequest.ProtoReflect.Descriptor instead.
+func (*ExplainServiceRequest) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ExplainServiceRequest) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *ExplainServiceRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ExplainServiceRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ExplainServiceResponse is what one Service gives one node and why.
+type ExplainServiceResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	NodeName  string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The desired state: virtual servers (with traffic policy and reject flag)
+	// and their real servers (each with the reason it was chosen).
+	Service *ServiceState `protobuf:"bytes,4,opt,name=service,proto3" json:"service,omitempty"`
+	// The desired resource version.
+	Version         string               `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	Acknowledgement AcknowledgementState `protobuf:"varint,6,opt,name=acknowledgement,proto3,enum=vsplane.v1.AcknowledgementState" json:"acknowledgement,omitempty"`
+	// The version the agent last acknowledged ("" if none).
+	AcknowledgedVersion string `protobuf:"bytes,7,opt,name=acknowledged_version,json=acknowledgedVersion,proto3" json:"acknowledged_version,omitempty"`
+	// The agent's error for the desired version when NACKED.
+	NackError string `protobuf:"bytes,8,opt,name=nack_error,json=nackError,proto3" json:"nack_error,omitempty"`
+	// Translation problems of the Service and its EndpointSlices.
+	Problems      []string `protobuf:"bytes,9,rep,name=problems,proto3" json:"problems,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainServiceResponse) Reset() {
+	*x = ExplainServiceResponse{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainServiceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainServiceResponse) ProtoMessage() {}
+
+func (x *ExplainServiceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainServiceResponse.ProtoReflect.Descriptor instead.
+func (*ExplainServiceResponse) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ExplainServiceResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *ExplainServiceResponse) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ExplainServiceResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ExplainServiceResponse) GetService() *ServiceState {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+func (x *ExplainServiceResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ExplainServiceResponse) GetAcknowledgement() AcknowledgementState {
+	if x != nil {
+		return x.Acknowledgement
+	}
+	return AcknowledgementState_ACKNOWLEDGEMENT_STATE_UNSPECIFIED
+}
+
+func (x *ExplainServiceResponse) GetAcknowledgedVersion() string {
+	if x != nil {
+		return x.AcknowledgedVersion
+	}
+	return ""
+}
+
+func (x *ExplainServiceResponse) GetNackError() string {
+	if x != nil {
+		return x.NackError
+	}
+	return ""
+}
+
+func (x *ExplainServiceResponse) GetProblems() []string {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+// WatchDeltasRequest names a node.
+type WatchDeltasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDeltasRequest) Reset() {
+	*x = WatchDeltasRequest{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDeltasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDeltasRequest) ProtoMessage() {}
+
+func (x *WatchDeltasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDeltasRequest.ProtoReflect.Descriptor instead.
+func (*WatchDeltasRequest) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WatchDeltasRequest) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+// WatchDeltasResponse is one Delta sent to the node.
+type WatchDeltasResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeName string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	SentAt   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// Deltas this watcher lost just before this one because it read too slowly.
+	DroppedBefore uint64 `protobuf:"varint,3,opt,name=dropped_before,json=droppedBefore,proto3" json:"dropped_before,omitempty"`
+	Delta         *Delta `protobuf:"bytes,4,opt,name=delta,proto3" json:"delta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDeltasResponse) Reset() {
+	*x = WatchDeltasResponse{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDeltasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDeltasResponse) ProtoMessage() {}
+
+func (x *WatchDeltasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDeltasResponse.ProtoReflect.Descriptor instead.
+func (*WatchDeltasResponse) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchDeltasResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *WatchDeltasResponse) GetSentAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SentAt
+	}
+	return nil
+}
+
+func (x *WatchDeltasResponse) GetDroppedBefore() uint64 {
+	if x != nil {
+		return x.DroppedBefore
+	}
+	return 0
+}
+
+func (x *WatchDeltasResponse) GetDelta() *Delta {
+	if x != nil {
+		return x.Delta
+	}
+	return nil
+}
+
 var File_vsplane_v1_inspect_proto protoreflect.FileDescriptor
 
 const file_vsplane_v1_inspect_proto_rawDesc = "" +
@@ -359,11 +818,48 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\x17GetNodeSnapshotResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12%\n" +
 	"\x0esystem_version\x18\x02 \x01(\tR\rsystemVersion\x122\n" +
-	"\tresources\x18\x03 \x03(\v2\x14.vsplane.v1.ResourceR\tresources2\xb9\x01\n" +
+	"\tresources\x18\x03 \x03(\v2\x14.vsplane.v1.ResourceR\tresources\"3\n" +
+	"\x14GetNodeStatusRequest\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\x92\x01\n" +
+	"\x15GetNodeStatusResponse\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12+\n" +
+	"\x05agent\x18\x02 \x01(\v2\x15.vsplane.v1.AgentInfoR\x05agent\x12/\n" +
+	"\x06status\x18\x03 \x01(\v2\x17.vsplane.v1.AgentStatusR\x06status\"f\n" +
+	"\x15ExplainServiceRequest\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"\xef\x02\n" +
+	"\x16ExplainServiceResponse\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x122\n" +
+	"\aservice\x18\x04 \x01(\v2\x18.vsplane.v1.ServiceStateR\aservice\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12J\n" +
+	"\x0facknowledgement\x18\x06 \x01(\x0e2 .vsplane.v1.AcknowledgementStateR\x0facknowledgement\x121\n" +
+	"\x14acknowledged_version\x18\a \x01(\tR\x13acknowledgedVersion\x12\x1d\n" +
+	"\n" +
+	"nack_error\x18\b \x01(\tR\tnackError\x12\x1a\n" +
+	"\bproblems\x18\t \x03(\tR\bproblems\"1\n" +
+	"\x12WatchDeltasRequest\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\xb7\x01\n" +
+	"\x13WatchDeltasResponse\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x123\n" +
+	"\asent_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12%\n" +
+	"\x0edropped_before\x18\x03 \x01(\x04R\rdroppedBefore\x12'\n" +
+	"\x05delta\x18\x04 \x01(\v2\x11.vsplane.v1.DeltaR\x05delta*\xd3\x01\n" +
+	"\x14AcknowledgementState\x12%\n" +
+	"!ACKNOWLEDGEMENT_STATE_UNSPECIFIED\x10\x00\x12&\n" +
+	"\"ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED\x10\x01\x12!\n" +
+	"\x1dACKNOWLEDGEMENT_STATE_PENDING\x10\x02\x12 \n" +
+	"\x1cACKNOWLEDGEMENT_STATE_NACKED\x10\x03\x12'\n" +
+	"#ACKNOWLEDGEMENT_STATE_NOT_CONNECTED\x10\x042\xba\x03\n" +
 	"\x0eInspectService\x12K\n" +
 	"\n" +
 	"ListAgents\x12\x1d.vsplane.v1.ListAgentsRequest\x1a\x1e.vsplane.v1.ListAgentsResponse\x12Z\n" +
-	"\x0fGetNodeSnapshot\x12\".vsplane.v1.GetNodeSnapshotRequest\x1a#.vsplane.v1.GetNodeSnapshotResponseB7Z5github.com/vsplane/vsplane/proto/vsplane/v1;vsplanev1b\x06proto3"
+	"\x0fGetNodeSnapshot\x12\".vsplane.v1.GetNodeSnapshotRequest\x1a#.vsplane.v1.GetNodeSnapshotResponse\x12T\n" +
+	"\rGetNodeStatus\x12 .vsplane.v1.GetNodeStatusRequest\x1a!.vsplane.v1.GetNodeStatusResponse\x12W\n" +
+	"\x0eExplainService\x12!.vsplane.v1.ExplainServiceRequest\x1a\".vsplane.v1.ExplainServiceResponse\x12P\n" +
+	"\vWatchDeltas\x12\x1e.vsplane.v1.WatchDeltasRequest\x1a\x1f.vsplane.v1.WatchDeltasResponse0\x01B7Z5github.com/vsplane/vsplane/proto/vsplane/v1;vsplanev1b\x06proto3"
 
 var (
 	file_vsplane_v1_inspect_proto_rawDescOnce sync.Once
@@ -377,34 +873,57 @@ func file_vsplane_v1_inspect_proto_rawDescGZIP() []byte {
 	return file_vsplane_v1_inspect_proto_rawDescData
 }
 
-var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_vsplane_v1_inspect_proto_goTypes = []any{
-	(*ListAgentsRequest)(nil),       // 0: vsplane.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),      // 1: vsplane.v1.ListAgentsResponse
-	(*AgentInfo)(nil),               // 2: vsplane.v1.AgentInfo
-	(*GetNodeSnapshotRequest)(nil),  // 3: vsplane.v1.GetNodeSnapshotRequest
-	(*GetNodeSnapshotResponse)(nil), // 4: vsplane.v1.GetNodeSnapshotResponse
-	nil,                             // 5: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	(*timestamppb.Timestamp)(nil),   // 6: google.protobuf.Timestamp
-	(*Capabilities)(nil),            // 7: vsplane.v1.Capabilities
-	(*Resource)(nil),                // 8: vsplane.v1.Resource
+	(AcknowledgementState)(0),       // 0: vsplane.v1.AcknowledgementState
+	(*ListAgentsRequest)(nil),       // 1: vsplane.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),      // 2: vsplane.v1.ListAgentsResponse
+	(*AgentInfo)(nil),               // 3: vsplane.v1.AgentInfo
+	(*GetNodeSnapshotRequest)(nil),  // 4: vsplane.v1.GetNodeSnapshotRequest
+	(*GetNodeSnapshotResponse)(nil), // 5: vsplane.v1.GetNodeSnapshotResponse
+	(*GetNodeStatusRequest)(nil),    // 6: vsplane.v1.GetNodeStatusRequest
+	(*GetNodeStatusResponse)(nil),   // 7: vsplane.v1.GetNodeStatusResponse
+	(*ExplainServiceRequest)(nil),   // 8: vsplane.v1.ExplainServiceRequest
+	(*ExplainServiceResponse)(nil),  // 9: vsplane.v1.ExplainServiceResponse
+	(*WatchDeltasRequest)(nil),      // 10: vsplane.v1.WatchDeltasRequest
+	(*WatchDeltasResponse)(nil),     // 11: vsplane.v1.WatchDeltasResponse
+	nil,                             // 12: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
+	(*timestamppb.Timestamp)(nil),   // 13: google.protobuf.Timestamp
+	(*Capabilities)(nil),            // 14: vsplane.v1.Capabilities
+	(*Resource)(nil),                // 15: vsplane.v1.Resource
+	(*AgentStatus)(nil),             // 16: vsplane.v1.AgentStatus
+	(*ServiceState)(nil),            // 17: vsplane.v1.ServiceState
+	(*Delta)(nil),                   // 18: vsplane.v1.Delta
 }
 var file_vsplane_v1_inspect_proto_depIdxs = []int32{
-	2, // 0: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
-	6, // 1: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
-	7, // 2: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
-	5, // 3: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	6, // 4: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
-	8, // 5: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
-	0, // 6: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
-	3, // 7: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
-	1, // 8: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
-	4, // 9: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3,  // 0: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
+	13, // 1: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
+	14, // 2: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
+	12, // 3: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
+	13, // 4: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
+	15, // 5: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
+	3,  // 6: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
+	16, // 7: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
+	17, // 8: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
+	0,  // 9: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
+	13, // 10: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
+	18, // 11: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
+	1,  // 12: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
+	4,  // 13: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
+	6,  // 14: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
+	8,  // 15: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
+	10, // 16: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
+	2,  // 17: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
+	5,  // 18: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
+	7,  // 19: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
+	9,  // 20: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
+	11, // 21: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_inspect_proto_init() }
@@ -419,13 +938,14 @@ func file_vsplane_v1_inspect_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_inspect_proto_rawDesc), len(file_vsplane_v1_inspect_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   6,
+			NumEnums:      1,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_vsplane_v1_inspect_proto_goTypes,
 		DependencyIndexes: file_vsplane_v1_inspect_proto_depIdxs,
+		EnumInfos:         file_vsplane_v1_inspect_proto_enumTypes,
 		MessageInfos:      file_vsplane_v1_inspect_proto_msgTypes,
 	}.Build()
 	File_vsplane_v1_inspect_proto = out.File

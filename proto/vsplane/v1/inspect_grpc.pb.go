@@ -21,6 +21,9 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	InspectService_ListAgents_FullMethodName      = "/vsplane.v1.InspectService/ListAgents"
 	InspectService_GetNodeSnapshot_FullMethodName = "/vsplane.v1.InspectService/GetNodeSnapshot"
+	InspectService_GetNodeStatus_FullMethodName   = "/vsplane.v1.InspectService/GetNodeStatus"
+	InspectService_ExplainService_FullMethodName  = "/vsplane.v1.InspectService/ExplainService"
+	InspectService_WatchDeltas_FullMethodName     = "/vsplane.v1.InspectService/WatchDeltas"
 )
 
 // InspectServiceClient is the client API for InspectService service.
@@ -34,6 +37,18 @@ type InspectServiceClient interface {
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	// GetNodeSnapshot returns a node's current desired state.
 	GetNodeSnapshot(ctx context.Context, in *GetNodeSnapshotRequest, opts ...grpc.CallOption) (*GetNodeSnapshotResponse, error)
+	// GetNodeStatus returns what a connected node's agent last reported
+	// (reconcile, drift, kernel errors, draining real servers) and its stream
+	// state (acknowledged versions, pending, NACKs).
+	GetNodeStatus(ctx context.Context, in *GetNodeStatusRequest, opts ...grpc.CallOption) (*GetNodeStatusResponse, error)
+	// ExplainService shows what one Service gives one node (virtual servers,
+	// real servers and why each was chosen), whether the agent acknowledged it,
+	// and the Service's translation problems.
+	ExplainService(ctx context.Context, in *ExplainServiceRequest, opts ...grpc.CallOption) (*ExplainServiceResponse, error)
+	// WatchDeltas streams every Delta this replica sends to a node from now on.
+	// A watcher that reads too slowly loses messages instead of slowing the
+	// agent's stream; the next message it gets counts what it lost.
+	WatchDeltas(ctx context.Context, in *WatchDeltasRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeltasResponse], error)
 }
 
 type inspectServiceClient struct {
@@ -64,6 +79,45 @@ func (c *inspectServiceClient) GetNodeSnapshot(ctx context.Context, in *GetNodeS
 	return out, nil
 }
 
+func (c *inspectServiceClient) GetNodeStatus(ctx context.Context, in *GetNodeStatusRequest, opts ...grpc.CallOption) (*GetNodeStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetNodeStatusResponse)
+	err := c.cc.Invoke(ctx, InspectService_GetNodeStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *inspectServiceClient) ExplainService(ctx context.Context, in *ExplainServiceRequest, opts ...grpc.CallOption) (*ExplainServiceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainServiceResponse)
+	err := c.cc.Invoke(ctx, InspectService_ExplainService_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *inspectServiceClient) WatchDeltas(ctx context.Context, in *WatchDeltasRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeltasResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InspectService_ServiceDesc.Streams[0], InspectService_WatchDeltas_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchDeltasRequest, WatchDeltasResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InspectService_WatchDeltasClient = grpc.ServerStreamingClient[WatchDeltasResponse]
+
 // InspectServiceServer is the server API for InspectService service.
 // All implementations must embed UnimplementedInspectServiceServer
 // for forward compatibility.
@@ -75,6 +129,18 @@ type InspectServiceServer interface {
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	// GetNodeSnapshot returns a node's current desired state.
 	GetNodeSnapshot(context.Context, *GetNodeSnapshotRequest) (*GetNodeSnapshotResponse, error)
+	// GetNodeStatus returns what a connected node's agent last reported
+	// (reconcile, drift, kernel errors, draining real servers) and its stream
+	// state (acknowledged versions, pending, NACKs).
+	GetNodeStatus(context.Context, *GetNodeStatusRequest) (*GetNodeStatusResponse, error)
+	// ExplainService shows what one Service gives one node (virtual servers,
+	// real servers and why each was chosen), whether the agent acknowledged it,
+	// and the Service's translation problems.
+	ExplainService(context.Context, *ExplainServiceRequest) (*ExplainServiceResponse, error)
+	// WatchDeltas streams every Delta this replica sends to a node from now on.
+	// A watcher that reads too slowly loses messages instead of slowing the
+	// agent's stream; the next message it gets counts what it lost.
+	WatchDeltas(*WatchDeltasRequest, grpc.ServerStreamingServer[WatchDeltasResponse]) error
 	mustEmbedUnimplementedInspectServiceServer()
 }
 
@@ -90,6 +156,15 @@ func (UnimplementedInspectServiceServer) ListAgents(context.Context, *ListAgents
 }
 func (UnimplementedInspectServiceServer) GetNodeSnapshot(context.Context, *GetNodeSnapshotRequest) (*GetNodeSnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetNodeSnapshot not implemented")
+}
+func (UnimplementedInspectServiceServer) GetNodeStatus(context.Context, *GetNodeStatusRequest) (*GetNodeStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetNodeStatus not implemented")
+}
+func (UnimplementedInspectServiceServer) ExplainService(context.Context, *ExplainServiceRequest) (*ExplainServiceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExplainService not implemented")
+}
+func (UnimplementedInspectServiceServer) WatchDeltas(*WatchDeltasRequest, grpc.ServerStreamingServer[WatchDeltasResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchDeltas not implemented")
 }
 func (UnimplementedInspectServiceServer) mustEmbedUnimplementedInspectServiceServer() {}
 func (UnimplementedInspectServiceServer) testEmbeddedByValue()                        {}
@@ -148,6 +223,53 @@ func _InspectService_GetNodeSnapshot_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InspectService_GetNodeStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetNodeStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InspectServiceServer).GetNodeStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InspectService_GetNodeStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InspectServiceServer).GetNodeStatus(ctx, req.(*GetNodeStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _InspectService_ExplainService_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainServiceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InspectServiceServer).ExplainService(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InspectService_ExplainService_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InspectServiceServer).ExplainService(ctx, req.(*ExplainServiceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _InspectService_WatchDeltas_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDeltasRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(InspectServiceServer).WatchDeltas(m, &grpc.GenericServerStream[WatchDeltasRequest, WatchDeltasResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InspectService_WatchDeltasServer = grpc.ServerStreamingServer[WatchDeltasResponse]
+
 // InspectService_ServiceDesc is the grpc.ServiceDesc for InspectService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -163,7 +285,21 @@ var InspectService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetNodeSnapshot",
 			Handler:    _InspectService_GetNodeSnapshot_Handler,
 		},
+		{
+			MethodName: "GetNodeStatus",
+			Handler:    _InspectService_GetNodeStatus_Handler,
+		},
+		{
+			MethodName: "ExplainService",
+			Handler:    _InspectService_ExplainService_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchDeltas",
+			Handler:       _InspectService_WatchDeltas_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "vsplane/v1/inspect.proto",
 }
