@@ -86,10 +86,11 @@ func New(cfg Config) (*Replica, error) {
 	if sopts.Logger == nil {
 		sopts.Logger = log.Named("stream")
 	}
-	sopts.Hooks = metrics.Hooks(cfg.Stream.Hooks)
+	feed := inspect.NewFeed(0) // WatchDeltas and per-resource NACK errors
+	sopts.Hooks = metrics.Hooks(feed.Hooks(cfg.Stream.Hooks))
 	streams := stream.NewServer(stream.Adapt[snapshot.Subscription](store), sopts)
 	metrics.Track(streams.Registry(), store)
-	insp := inspect.NewServer(streams.Registry(), store)
+	insp := inspect.NewServer(inspect.Config{Agents: streams.Registry(), Snapshots: store, Problems: eng, Feed: feed})
 	gs, err := grpcserver.New(grpcserver.Options{Logger: log.Named("grpc"), Registerer: reg},
 		func(r grpc.ServiceRegistrar) {
 			vsplanev1.RegisterAgentServiceServer(r, streams)

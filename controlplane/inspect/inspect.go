@@ -4,24 +4,50 @@ package inspect
 
 import (
 	"context"
-	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
+	"github.com/vsplane/vsplane/controlplane/model"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// Agents lists the agents connected to this replica, sorted by node name.
-// *stream.Registry satisfies it.
+// Agents is the view of the agents connected to this replica.
+// *stream.Registry satisfies it. Results are copies the caller may keep.
 type Agents interface {
+	// ListAgents returns every connected agent, sorted by node name.
 	ListAgents() []*vsplanev1.AgentInfo
+	// Agent returns one connected node's info (false if not connected).
+	Agent(node string) (*vsplanev1.AgentInfo, bool)
+	// LastStatus returns the last AgentStatus the node's agent sent (nil if
+	// not connected or none sent).
+	LastStatus(node string) *vsplanev1.AgentStatus
 }
 
-// Snapshots returns a node's desired state, sorted by name (nil, "", false for
-// an unknown node). stream.Source (and so *snapshot.Store) satisfies it.
+// Snapshots is the desired state. stream.Source (and so *snapshot.Store)
+// satisfies it. Returned resources are shared and must not be modified.
 type Snapshots interface {
+	// List returns a node's resources sorted by name (nil, "", false for an
+	// unknown node).
 	List(node string) (resources []*vsplanev1.Resource, systemVersion string, ok bool)
+	// Get returns one resource of a node.
+	Get(node, name string) (*vsplanev1.Resource, bool)
+}
+
+// Problems returns the translation problems of a Service and its
+// EndpointSlices. *engine.Engine satisfies it.
+type Problems interface {
+	Problems(k model.ServiceKey) []model.Problem
+}
+
+// Config is what a Server reads from.
+type Config struct {
+	// Agents and Snapshots are required.
+	Agents    Agents
+	Snapshots Snapshots
+	// Problems, if nil, leaves ExplainService's problems empty.
+	Problems Problems
+	// Feed, installed in the stream server's Hooks (Feed.Hooks), serves
+	// WatchDeltas and per-resource NACK errors. If nil, WatchDeltas returns
+	// Unavailable.
+	Feed *Feed
 }
 
 // Server implements vsplanev1.InspectServiceServer. It never changes state.
@@ -29,14 +55,16 @@ type Server struct {
 	vsplanev1.UnimplementedInspectServiceServer
 	agents    Agents
 	snapshots Snapshots
+	problems  Problems
+	feed      *Feed
 }
 
 var _ vsplanev1.InspectServiceServer = (*Server)(nil)
 
-// NewServer returns an inspection server over agents and snapshots; both must
-// be non-nil.
-func NewServer(agents Agents, snapshots Snapshots) *Server {
-	return &Server{agents: agents, snapshots: snapshots}
+// NewServer returns an inspection server over cfg; cfg.Agents and
+// cfg.Snapshots must be non-nil.
+func NewServer(cfg Config) *Server {
+	return &Server{agents: cfg.Agents, snapshots: cfg.Snapshots, problems: cfg.Problems, feed: cfg.Feed}
 }
 
 // ListAgents lists the agents connected to this replica.
@@ -47,12 +75,12 @@ func (s *Server) ListAgents(context.Context, *vsplanev1.ListAgentsRequest) (*vsp
 // GetNodeSnapshot returns a node's current desired state.
 func (s *Server) GetNodeSnapshot(_ context.Context, req *vsplanev1.GetNodeSnapshotRequest) (*vsplanev1.GetNodeSnapshotResponse, error) {
 	node := req.GetNodeName()
-	if strings.TrimSpace(node) == "" {
-		return nil, status.Error(codes.InvalidArgument, "node_name must not be empty")
+	if err := checkNode(node); err != nil {
+		return nil, err
 	}
 	res, sv, ok := s.snapshots.List(node)
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "node %q is not known to this control plane (no Node object, or not synced yet)", node)
+		return nil, unknownNode(node)
 	}
 	// Resources are shared and immutable; the response only reads them.
 	return &vsplanev1.GetNodeSnapshotResponse{NodeName: node, SystemVersion: sv, Resources: res}, nil

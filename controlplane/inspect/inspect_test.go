@@ -21,6 +21,7 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/grpcserver"
 	"github.com/vsplane/vsplane/controlplane/inspect"
+	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/stream/streamtest"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -32,18 +33,27 @@ type env struct {
 	srv  *stream.Server
 	conn *grpc.ClientConn
 	reg  *prometheus.Registry
+	feed *inspect.Feed
+	// problems is what the fake engine reports, by Service.
+	problems fakeProblems
 }
+
+type fakeProblems map[model.ServiceKey][]model.Problem
+
+func (f fakeProblems) Problems(k model.ServiceKey) []model.Problem { return f[k] }
 
 // newEnv serves the agent and inspection services as the control plane does
 // (grpcserver.New) on a real 127.0.0.1 socket.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{src: streamtest.New(), reg: prometheus.NewRegistry()}
-	e.srv = stream.NewServer(e.src, stream.Options{Logger: zaptest.NewLogger(t)})
+	e := &env{src: streamtest.New(), reg: prometheus.NewRegistry(), problems: fakeProblems{}}
+	e.feed = inspect.NewFeed(4)
+	e.srv = stream.NewServer(e.src, stream.Options{Logger: zaptest.NewLogger(t), Hooks: e.feed.Hooks(stream.Hooks{})})
 	gs, err := grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t), Registerer: e.reg},
 		func(r grpc.ServiceRegistrar) {
 			vsplanev1.RegisterAgentServiceServer(r, e.srv)
-			vsplanev1.RegisterInspectServiceServer(r, inspect.NewServer(e.srv.Registry(), e.src))
+			vsplanev1.RegisterInspectServiceServer(r, inspect.NewServer(inspect.Config{
+				Agents: e.srv.Registry(), Snapshots: e.src, Problems: e.problems, Feed: e.feed}))
 		})
 	if err != nil {
 		t.Fatal(err)
