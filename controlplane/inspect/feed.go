@@ -104,8 +104,8 @@ func (f *Feed) watch(node string) (w *watcher, cancel func()) {
 	}
 }
 
-// watchers returns the number of watchers of node (tests).
-func (f *Feed) watcherCount(node string) int {
+// Watchers returns the number of WatchDeltas callers watching node.
+func (f *Feed) Watchers(node string) int {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return len(f.watchers[node])

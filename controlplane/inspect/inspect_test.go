@@ -46,14 +46,23 @@ func (f fakeProblems) Problems(k model.ServiceKey) []model.Problem { return f[k]
 // (grpcserver.New) on a real 127.0.0.1 socket.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{src: streamtest.New(), reg: prometheus.NewRegistry(), problems: fakeProblems{}}
+	src := streamtest.New()
+	e := newEnvWith(t, src, src)
+	e.src = src
+	return e
+}
+
+// newEnvWith is newEnv over any source; snaps must be the same state as src.
+func newEnvWith(t *testing.T, src stream.Source, snaps inspect.Snapshots) *env {
+	t.Helper()
+	e := &env{reg: prometheus.NewRegistry(), problems: fakeProblems{}}
 	e.feed = inspect.NewFeed(4)
-	e.srv = stream.NewServer(e.src, stream.Options{Logger: zaptest.NewLogger(t), Hooks: e.feed.Hooks(stream.Hooks{})})
+	e.srv = stream.NewServer(src, stream.Options{Logger: zaptest.NewLogger(t), Hooks: e.feed.Hooks(stream.Hooks{})})
 	gs, err := grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t), Registerer: e.reg},
 		func(r grpc.ServiceRegistrar) {
 			vsplanev1.RegisterAgentServiceServer(r, e.srv)
 			vsplanev1.RegisterInspectServiceServer(r, inspect.NewServer(inspect.Config{
-				Agents: e.srv.Registry(), Snapshots: e.src, Problems: e.problems, Feed: e.feed}))
+				Agents: e.srv.Registry(), Snapshots: snaps, Problems: e.problems, Feed: e.feed}))
 		})
 	if err != nil {
 		t.Fatal(err)
