@@ -63,9 +63,6 @@ func (s *Server) ExplainService(_ context.Context, req *vsplanev1.ExplainService
 	if strings.Contains(ns, "/") || strings.Contains(name, "/") {
 		return nil, status.Error(codes.InvalidArgument, "namespace and name must not contain '/'")
 	}
-	if _, _, known := s.snapshots.List(node); !known {
-		return nil, unknownNode(node)
-	}
 	var problems []string
 	if s.problems != nil {
 		for _, p := range s.problems.Problems(model.ServiceKey{Namespace: ns, Name: name}) {
@@ -75,6 +72,10 @@ func (s *Server) ExplainService(_ context.Context, req *vsplanev1.ExplainService
 	rname := snapshot.ServiceName(ns, name)
 	res, ok := s.snapshots.Get(node, rname)
 	if !ok {
+		// List (a sorted copy) only on this path, to tell the two NotFounds apart.
+		if _, _, known := s.snapshots.List(node); !known {
+			return nil, unknownNode(node)
+		}
 		msg := fmt.Sprintf("Service %s/%s gives node %q nothing (no such Service, one without ClusterIP, or not translated yet)", ns, name, node)
 		if len(problems) > 0 {
 			msg += "; problems: " + strings.Join(problems, "; ")

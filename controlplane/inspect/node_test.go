@@ -307,3 +307,54 @@ func TestWatchDeltas(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectionChangesNothing calls every inspection RPC, good and bad, and
+// checks the desired state and the agent's stream state are as before.
+func TestInspectionChangesNothing(t *testing.T) {
+	e, store := storeEnv(t)
+	a := connectAgent(t, e, "n1")
+	a.ack(a.recv())
+	await(t, "ack recorded", func() bool {
+		info, ok := e.srv.Registry().Agent("n1")
+		return ok && info.GetLastAck() != nil
+	})
+	snap := func() string {
+		var b strings.Builder
+		for _, n := range store.Nodes() {
+			res, sv, _ := store.List(n)
+			b.WriteString(n + "@" + sv + ";")
+			for _, r := range res {
+				b.WriteString(r.GetName() + "@" + r.GetVersion() + ",")
+			}
+		}
+		info, _ := e.srv.Registry().Agent("n1")
+		info.LastAck, info.ConnectedSince = nil, nil // compared separately below
+		b.WriteString(info.String())
+		return b.String()
+	}
+	before := snap()
+	infoBefore, _ := e.srv.Registry().Agent("n1")
+
+	c := vsplanev1.NewInspectServiceClient(e.conn)
+	for _, node := range []string{"n1", "n2", "nope", ""} {
+		_, _ = c.ListAgents(ctx(t), &vsplanev1.ListAgentsRequest{})
+		_, _ = c.GetNodeSnapshot(ctx(t), &vsplanev1.GetNodeSnapshotRequest{NodeName: node})
+		_, _ = c.GetNodeStatus(ctx(t), &vsplanev1.GetNodeStatusRequest{NodeName: node})
+		for _, name := range []string{"web", "nope", ""} {
+			_, _ = c.ExplainService(ctx(t), &vsplanev1.ExplainServiceRequest{NodeName: node, Namespace: "default", Name: name})
+		}
+		wctx, cancel := context.WithCancel(ctx(t))
+		if w, err := c.WatchDeltas(wctx, &vsplanev1.WatchDeltasRequest{NodeName: node}); err == nil {
+			_, _ = w.Header()
+		}
+		cancel()
+	}
+	await(t, "watches ended", func() bool { return e.feed.Watchers("n1") == 0 })
+	if after := snap(); after != before {
+		t.Fatalf("state changed by inspection:\nbefore %s\nafter  %s", before, after)
+	}
+	infoAfter, _ := e.srv.Registry().Agent("n1")
+	if !infoAfter.GetLastAck().AsTime().Equal(infoBefore.GetLastAck().AsTime()) {
+		t.Fatal("last ack changed by inspection")
+	}
+}
