@@ -23,7 +23,9 @@ const DefaultWatchBuffer = 64
 // (WatchDeltasResponse.dropped_before). Drops after a watcher's last delivered
 // Delta are never reported. The agent stream is never slowed by a watcher.
 type Feed struct {
-	buffer int
+	buffer    int
+	closed    chan struct{}
+	closeOnce sync.Once
 
 	mu       sync.RWMutex
 	watchers map[string]map[*watcher]struct{}
@@ -40,6 +42,7 @@ func NewFeed(buffer int) *Feed {
 	}
 	return &Feed{
 		buffer:   buffer,
+		closed:   make(chan struct{}),
 		watchers: map[string]map[*watcher]struct{}{},
 		nacks:    map[string]map[string]*vsplanev1.ResourceError{},
 	}
@@ -70,6 +73,11 @@ func (f *Feed) Hooks(next stream.Hooks) stream.Hooks {
 	}
 	return h
 }
+
+// Close ends every WatchDeltas call (with Unavailable) and refuses new ones,
+// so a watching client does not hold up a graceful gRPC stop. Call it before
+// stopping the gRPC server; safe to call more than once.
+func (f *Feed) Close() { f.closeOnce.Do(func() { close(f.closed) }) }
 
 // event is one Delta as one watcher receives it.
 type event struct {

@@ -30,6 +30,8 @@ func checkName(field, v string) error {
 
 func checkNode(node string) error { return checkName("node_name", node) }
 
+var errFeedClosed = status.Error(codes.Unavailable, "control plane shutting down")
+
 func unknownNode(node string) error {
 	return status.Errorf(codes.NotFound, "node %q is not known to this control plane (no Node object, or not synced yet)", node)
 }
@@ -129,6 +131,11 @@ func (s *Server) WatchDeltas(req *vsplanev1.WatchDeltasRequest, st grpc.ServerSt
 	if _, _, known := s.snapshots.List(node); !known {
 		return unknownNode(node)
 	}
+	select {
+	case <-s.feed.closed:
+		return errFeedClosed
+	default:
+	}
 	w, cancel := s.feed.watch(node)
 	defer cancel()
 	if err := st.SendHeader(nil); err != nil {
@@ -139,6 +146,8 @@ func (s *Server) WatchDeltas(req *vsplanev1.WatchDeltasRequest, st grpc.ServerSt
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-s.feed.closed:
+			return errFeedClosed
 		case ev := <-w.ch:
 			if err := st.Send(&vsplanev1.WatchDeltasResponse{
 				NodeName: node, SentAt: timestamppb.New(ev.sentAt),

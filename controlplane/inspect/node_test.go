@@ -358,3 +358,20 @@ func TestInspectionChangesNothing(t *testing.T) {
 		t.Fatal("last ack changed by inspection")
 	}
 }
+
+func TestWatchDeltasEndsOnFeedClose(t *testing.T) {
+	e, _ := storeEnv(t)
+	w := watch(t, e, "n1")
+	e.feed.Close()
+	if _, err := w.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("watch after Close = %v, want Unavailable", err)
+	}
+	w2, err := vsplanev1.NewInspectServiceClient(e.conn).WatchDeltas(ctx(t), &vsplanev1.WatchDeltasRequest{NodeName: "n1"})
+	if err == nil {
+		_, err = w2.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("new watch after Close = %v, want Unavailable", err)
+	}
+	e.feed.Close() // idempotent
+}
