@@ -1,5 +1,15 @@
 // Package inspect implements vsplane.v1.InspectService, the read-only view of
-// a control-plane replica meant for grpcurl.
+// a control-plane replica meant for grpcurl (the server registers reflection):
+//
+//	grpcurl -plaintext $CP list vsplane.v1.InspectService
+//	grpcurl -plaintext $CP vsplane.v1.InspectService/ListAgents
+//	grpcurl -plaintext -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/GetNodeSnapshot
+//	grpcurl -plaintext -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/GetNodeStatus
+//	grpcurl -plaintext -d '{"node_name":"n1","namespace":"default","name":"web"}' $CP vsplane.v1.InspectService/ExplainService
+//	grpcurl -plaintext -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/WatchDeltas
+//
+// Unknown nodes and Services give NotFound, malformed requests
+// InvalidArgument. No call changes state.
 package inspect
 
 import (
