@@ -59,6 +59,7 @@ type Replica struct {
 	GRPC     *grpcserver.Server
 	Registry *prometheus.Registry
 	Metrics  *cpmetrics.ControlPlane
+	feed     *inspect.Feed
 }
 
 // New builds a replica; Run starts it.
@@ -112,6 +113,7 @@ func New(cfg Config) (*Replica, error) {
 		Streams:  streams,
 		GRPC:     gs,
 		Registry: reg,
+		feed:     feed,
 		Metrics:  metrics,
 	}, nil
 }
@@ -130,6 +132,7 @@ func (r *Replica) Run(ctx context.Context) error {
 	g.Go(func() error {
 		<-ctx.Done()
 		r.Streams.Shutdown()
+		r.feed.Close() // ends WatchDeltas calls so GracefulStop need not wait for them
 		r.GRPC.Stop(5 * time.Second)
 		return nil
 	})
