@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/dataplane/client"
 	"github.com/vsplane/vsplane/dataplane/kernel"
@@ -219,16 +220,27 @@ func (a *Agent) Run(ctx context.Context) error {
 // defaultReconcilePeriod is reconcile.Config's default Period.
 const defaultReconcilePeriod = 30 * time.Second
 
-// statusInterval is how often the agent refreshes the status it reports.
-const statusInterval = 10 * time.Second
+// The agent looks at its status every statusPoll and sends it when it changed
+// (a drain started or ended, connection counts moved, a kernel error), and at
+// least every statusRefresh so the control plane's view never goes stale.
+const (
+	statusPoll    = time.Second
+	statusRefresh = 30 * time.Second
+)
 
 // reportStatus hands the reconciler's status to the client, which sends it on
-// the stream.
+// the stream (and again after every reconnect).
 func (a *Agent) reportStatus(ctx context.Context) {
-	t := time.NewTicker(statusInterval)
+	t := time.NewTicker(statusPoll)
 	defer t.Stop()
+	var last *vsplanev1.AgentStatus
+	var lastSent time.Time
 	for {
-		a.Client.SetStatus(a.Reconciler.Status())
+		st := a.Reconciler.Status()
+		if last == nil || !proto.Equal(st, last) || time.Since(lastSent) >= statusRefresh {
+			a.Client.SetStatus(st)
+			last, lastSent = st, time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return
