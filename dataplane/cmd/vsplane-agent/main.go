@@ -37,6 +37,8 @@ func run() error {
 		backoffMax   = flag.Duration("reconnect-backoff-max", 30*time.Second, "upper bound of the reconnect delay")
 		stateDir     = flag.String("state-dir", "/run/vsplane", "where the agent keeps its applied state across restarts (use a tmpfs); empty disables")
 		debug        = flag.Bool("debug", false, "debug logging")
+		drainCheck   = flag.Duration("drain-check-interval", 5*time.Second, "how often draining (weight-0) TCP real servers are checked for connections")
+		maxDrain     = flag.Duration("max-drain", 10*time.Minute, "a draining real server still holding connections this long is deleted anyway")
 	)
 	flag.Parse()
 
@@ -53,6 +55,9 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *drainCheck <= 0 || *maxDrain <= 0 {
+		return fmt.Errorf("--drain-check-interval and --max-drain must be > 0, got %v and %v", *drainCheck, *maxDrain)
+	}
 	families := []kernel.Family{kernel.FamilyIPv4}
 	if *ipv6 {
 		families = append(families, kernel.FamilyIPv6)
@@ -60,10 +65,11 @@ func run() error {
 	cfg := agent.Config{
 		ControlPlane: *controlPlane,
 		NodeName:     *nodeName,
-		Reconcile:    reconcile.Config{Period: *period, Families: families},
-		BackoffMax:   *backoffMax,
-		StateDir:     *stateDir,
-		Logger:       log,
+		Reconcile: reconcile.Config{Period: *period, Families: families,
+			DrainCheckInterval: *drainCheck, MaxDrain: *maxDrain},
+		BackoffMax: *backoffMax,
+		StateDir:   *stateDir,
+		Logger:     log,
 	}
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
