@@ -48,6 +48,9 @@ type Options struct {
 	Pods [][]string
 	// ReconcilePeriod is the agents' --reconcile-period (default 30s).
 	ReconcilePeriod time.Duration
+	// AgentArgs are extra vsplane-agent flags (shell words, e.g.
+	// "--max-drain 8s"); SetAgentArgs changes them for later StartAgent calls.
+	AgentArgs string
 	// Zone is the topology.kubernetes.io/zone label of every Node (default zone-a).
 	Zone string
 	// Binaries are extra static host executables put in the guest's /usr/local/bin.
@@ -272,8 +275,19 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string) (*vm.Pod, error
 
 // AgentCommand is the guest command line of node's agent.
 func (c *Cluster) AgentCommand(node string) string {
-	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s:%[3]d --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[4]s --metrics-address ''",
-		node, vm.HostLoopIP, c.CPPort, c.opts.ReconcilePeriod)
+	c.mu.Lock()
+	extra := c.opts.AgentArgs
+	c.mu.Unlock()
+	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s:%[3]d --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[4]s --metrics-address '' %[5]s",
+		node, vm.HostLoopIP, c.CPPort, c.opts.ReconcilePeriod, extra)
+}
+
+// SetAgentArgs replaces the extra agent flags (Options.AgentArgs) for
+// agents started from now on; running agents keep theirs.
+func (c *Cluster) SetAgentArgs(args string) {
+	c.mu.Lock()
+	c.opts.AgentArgs = args
+	c.mu.Unlock()
 }
 
 // StartAgent starts node's agent (with the same state dir every time) and
