@@ -32,7 +32,6 @@ import (
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
-
 // Result mirrors e2e/cmd/vmbench's JSON output (durations in ms).
 type Result struct {
 	Services       int               `json:"services"`
