@@ -8,6 +8,7 @@ import (
 
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -36,6 +37,8 @@ type agentState struct {
 	nacks          uint64
 	lastNackError  string
 	lastAck        time.Time
+	lastApply      time.Duration
+	lastOps        map[string]uint32
 	lastStatus     *vsplanev1.AgentStatus
 }
 
@@ -132,6 +135,8 @@ func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
 	}
 	if !st.lastAck.IsZero() {
 		info.LastAck = timestamppb.New(st.lastAck)
+		info.LastApplyDuration = durationpb.New(st.lastApply)
+		info.LastKernelOperations = maps.Clone(st.lastOps)
 	}
 	st.mu.Unlock()
 	if info.AcknowledgedVersions == nil {

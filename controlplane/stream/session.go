@@ -280,6 +280,8 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		ss.st.lastNackError = nackSummary(ack.GetErrors())
 	}
 	ss.st.lastAck = now
+	ss.st.lastApply = ack.GetApplyDuration().AsDuration()
+	ss.st.lastOps = maps.Clone(ack.GetKernelOperations())
 	ss.st.mu.Unlock()
 
 	if ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK {

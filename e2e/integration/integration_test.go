@@ -284,8 +284,25 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 			}
 		}
 		out = run(t, grpcurl, "-plaintext", cpAddr, "vsplane.v1.InspectService/ListAgents")
+		var list struct {
+			Agents []struct {
+				NodeName          string `json:"nodeName"`
+				LastApplyDuration string `json:"lastApplyDuration"`
+			} `json:"agents"`
+		}
+		if err := json.Unmarshal([]byte(out), &list); err != nil {
+			t.Fatalf("ListAgents output is not JSON: %v\n%s", err, out)
+		}
+		seen := map[string]bool{}
+		for _, a := range list.Agents {
+			seen[a.NodeName] = true
+			// The apply duration the agent put in its Ack, e.g. "0.000412s".
+			if d, err := time.ParseDuration(a.LastApplyDuration); err != nil || d <= 0 {
+				t.Errorf("agent %s: lastApplyDuration %q is not a positive duration (%v)", a.NodeName, a.LastApplyDuration, err)
+			}
+		}
 		for _, n := range nodes {
-			if !strings.Contains(out, `"nodeName": "`+n+`"`) {
+			if !seen[n] {
 				t.Errorf("ListAgents lacks %s:\n%s", n, out)
 			}
 		}

@@ -9,6 +9,7 @@ package vsplanev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -180,8 +181,12 @@ type AgentInfo struct {
 	Nacks            uint64                 `protobuf:"varint,8,opt,name=nacks,proto3" json:"nacks,omitempty"`
 	LastNackError    string                 `protobuf:"bytes,9,opt,name=last_nack_error,json=lastNackError,proto3" json:"last_nack_error,omitempty"`
 	LastAck          *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_ack,json=lastAck,proto3" json:"last_ack,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// How long the agent took to apply the last acknowledged Delta, and the
+	// kernel operations it performed, as the agent reported in its Ack.
+	LastApplyDuration    *durationpb.Duration `protobuf:"bytes,11,opt,name=last_apply_duration,json=lastApplyDuration,proto3" json:"last_apply_duration,omitempty"`
+	LastKernelOperations map[string]uint32    `protobuf:"bytes,12,rep,name=last_kernel_operations,json=lastKernelOperations,proto3" json:"last_kernel_operations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *AgentInfo) Reset() {
@@ -280,6 +285,20 @@ func (x *AgentInfo) GetLastNackError() string {
 func (x *AgentInfo) GetLastAck() *timestamppb.Timestamp {
 	if x != nil {
 		return x.LastAck
+	}
+	return nil
+}
+
+func (x *AgentInfo) GetLastApplyDuration() *durationpb.Duration {
+	if x != nil {
+		return x.LastApplyDuration
+	}
+	return nil
+}
+
+func (x *AgentInfo) GetLastKernelOperations() map[string]uint32 {
+	if x != nil {
+		return x.LastKernelOperations
 	}
 	return nil
 }
@@ -794,10 +813,10 @@ var File_vsplane_v1_inspect_proto protoreflect.FileDescriptor
 const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\n" +
 	"\x18vsplane/v1/inspect.proto\x12\n" +
-	"vsplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"\x13\n" +
+	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"\x13\n" +
 	"\x11ListAgentsRequest\"C\n" +
 	"\x12ListAgentsResponse\x12-\n" +
-	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\"\xb5\x04\n" +
+	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\"\xb0\x06\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x12\n" +
@@ -809,10 +828,15 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\x05nacks\x18\b \x01(\x04R\x05nacks\x12&\n" +
 	"\x0flast_nack_error\x18\t \x01(\tR\rlastNackError\x125\n" +
 	"\blast_ack\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\alastAck\x1aG\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\alastAck\x12I\n" +
+	"\x13last_apply_duration\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11lastApplyDuration\x12e\n" +
+	"\x16last_kernel_operations\x18\f \x03(\v2/.vsplane.v1.AgentInfo.LastKernelOperationsEntryR\x14lastKernelOperations\x1aG\n" +
 	"\x19AcknowledgedVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"5\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
+	"\x19LastKernelOperationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"5\n" +
 	"\x16GetNodeSnapshotRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\x91\x01\n" +
 	"\x17GetNodeSnapshotResponse\x12\x1b\n" +
@@ -874,7 +898,7 @@ func file_vsplane_v1_inspect_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_vsplane_v1_inspect_proto_goTypes = []any{
 	(AcknowledgementState)(0),       // 0: vsplane.v1.AcknowledgementState
 	(*ListAgentsRequest)(nil),       // 1: vsplane.v1.ListAgentsRequest
@@ -889,41 +913,45 @@ var file_vsplane_v1_inspect_proto_goTypes = []any{
 	(*WatchDeltasRequest)(nil),      // 10: vsplane.v1.WatchDeltasRequest
 	(*WatchDeltasResponse)(nil),     // 11: vsplane.v1.WatchDeltasResponse
 	nil,                             // 12: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	(*timestamppb.Timestamp)(nil),   // 13: google.protobuf.Timestamp
-	(*Capabilities)(nil),            // 14: vsplane.v1.Capabilities
-	(*Resource)(nil),                // 15: vsplane.v1.Resource
-	(*AgentStatus)(nil),             // 16: vsplane.v1.AgentStatus
-	(*ServiceState)(nil),            // 17: vsplane.v1.ServiceState
-	(*Delta)(nil),                   // 18: vsplane.v1.Delta
+	nil,                             // 13: vsplane.v1.AgentInfo.LastKernelOperationsEntry
+	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
+	(*Capabilities)(nil),            // 15: vsplane.v1.Capabilities
+	(*durationpb.Duration)(nil),     // 16: google.protobuf.Duration
+	(*Resource)(nil),                // 17: vsplane.v1.Resource
+	(*AgentStatus)(nil),             // 18: vsplane.v1.AgentStatus
+	(*ServiceState)(nil),            // 19: vsplane.v1.ServiceState
+	(*Delta)(nil),                   // 20: vsplane.v1.Delta
 }
 var file_vsplane_v1_inspect_proto_depIdxs = []int32{
 	3,  // 0: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
-	13, // 1: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
-	14, // 2: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
+	14, // 1: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
+	15, // 2: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
 	12, // 3: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	13, // 4: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
-	15, // 5: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
-	3,  // 6: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
-	16, // 7: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
-	17, // 8: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
-	0,  // 9: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
-	13, // 10: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
-	18, // 11: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
-	1,  // 12: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
-	4,  // 13: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
-	6,  // 14: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
-	8,  // 15: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
-	10, // 16: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
-	2,  // 17: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
-	5,  // 18: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
-	7,  // 19: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
-	9,  // 20: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
-	11, // 21: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	14, // 4: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
+	16, // 5: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
+	13, // 6: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
+	17, // 7: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
+	3,  // 8: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
+	18, // 9: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
+	19, // 10: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
+	0,  // 11: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
+	14, // 12: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
+	20, // 13: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
+	1,  // 14: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
+	4,  // 15: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
+	6,  // 16: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
+	8,  // 17: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
+	10, // 18: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
+	2,  // 19: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
+	5,  // 20: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
+	7,  // 21: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
+	9,  // 22: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
+	11, // 23: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
+	19, // [19:24] is the sub-list for method output_type
+	14, // [14:19] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_inspect_proto_init() }
@@ -939,7 +967,7 @@ func file_vsplane_v1_inspect_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_inspect_proto_rawDesc), len(file_vsplane_v1_inspect_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
