@@ -1,0 +1,58 @@
+package reconcile
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// DesiredVirtualServer is one virtual server the desired state asks for.
+type DesiredVirtualServer struct {
+	// VirtualServer is what would be programmed (normalized, the node's
+	// default scheduler filled in).
+	VirtualServer kernel.VirtualServer
+	// Destinations sorted by key.
+	Destinations []kernel.Destination
+	// Resources asking for it, sorted; the first one's version is used.
+	Resources []string
+}
+
+// DesiredAddress is one address a virtual server wants on kube-ipvs0.
+type DesiredAddress struct {
+	Address netip.Addr
+	// UnlessLocal: wanted only while no other interface holds the address.
+	UnlessLocal bool
+}
+
+// Desired returns a copy of the desired virtual servers (sorted by key) and
+// the addresses they want bound (sorted). It reads no kernel state; callers
+// such as the inspection endpoint compare it with the kernel themselves.
+func (r *Reconciler) Desired() ([]DesiredVirtualServer, []DesiredAddress) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sched := r.store.settings().defaultScheduler
+	var vss []DesiredVirtualServer
+	for _, key := range sortedKeys(r.store.vsOwners, kernel.VirtualServerKey.Compare) {
+		d, ok := r.store.wantVS(key)
+		if !ok {
+			continue
+		}
+		vss = append(vss, DesiredVirtualServer{
+			VirtualServer: d.kernelVS(sched),
+			Destinations:  slices.Clone(d.dests),
+			Resources:     slices.Clone(r.store.vsOwners[key]),
+		})
+	}
+	var addrs []DesiredAddress
+	for _, a := range sortedKeys(r.store.addrVS, netip.Addr.Compare) {
+		always, unlessLocal := r.store.bindings(a)
+		switch {
+		case always:
+			addrs = append(addrs, DesiredAddress{Address: a})
+		case unlessLocal:
+			addrs = append(addrs, DesiredAddress{Address: a, UnlessLocal: true})
+		}
+	}
+	return vss, addrs
+}
