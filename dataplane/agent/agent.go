@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/dataplane/client"
+	"github.com/vsplane/vsplane/dataplane/inspect"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
 	dpmetrics "github.com/vsplane/vsplane/dataplane/metrics"
@@ -51,6 +52,10 @@ type Config struct {
 	StateDir string
 	// MetricsListener, if set, serves /metrics, /healthz and /livez.
 	MetricsListener net.Listener
+	// InspectListener, if set, serves the read-only AgentInspectService
+	// (gRPC with reflection and health; see dataplane/inspect). Keep it on
+	// loopback or a Unix socket: it has no authentication.
+	InspectListener net.Listener
 	// Metrics is the registry the agent's metrics go to and /metrics serves;
 	// nil means a new one with the Go and process collectors. Separate
 	// registries let several in-process agents (tests) coexist.
@@ -70,6 +75,7 @@ type Agent struct {
 	// Metrics holds the agent's metrics and health state.
 	Metrics  *dpmetrics.Agent
 	registry *prometheus.Registry
+	inspect  *inspect.Server
 	log      *zap.Logger
 }
 
@@ -101,6 +107,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: reconciler: %w", err)
 	}
 	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log}
+	if cfg.InspectListener != nil {
+		if a.inspect, err = inspect.New(rec, k.IPVS, k.Links); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
 	var applier client.Applier = rec
 	if cfg.StateDir != "" {
 		if a.state, err = newPersistentApplier(rec, cfg.StateDir, log.Named("state")); err != nil {
@@ -190,7 +201,7 @@ func (a *Agent) capabilities() *vsplanev1.Capabilities {
 }
 
 // Run runs the reconciler loop, the stream client and (if configured) the
-// metrics/health server until ctx ends.
+// metrics/health and inspection servers until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(a.Reconciler.Run(ctx)) })
@@ -198,6 +209,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	g.Go(func() error { a.reportStatus(ctx); return nil })
 	if a.state != nil {
 		g.Go(func() error { a.state.run(ctx); return nil })
+	}
+	if a.inspect != nil {
+		g.Go(func() error { return inspect.Serve(ctx, a.cfg.InspectListener, a.inspect, a.log.Named("inspect")) })
 	}
 	if a.cfg.MetricsListener != nil {
 		srv := &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}

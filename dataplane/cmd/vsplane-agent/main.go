@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vsplane/vsplane/dataplane/agent"
+	"github.com/vsplane/vsplane/dataplane/inspect"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
 )
@@ -38,6 +39,7 @@ func run() error {
 		stateDir     = flag.String("state-dir", "/run/vsplane", "where the agent keeps its applied state across restarts (use a tmpfs); empty disables")
 		debug        = flag.Bool("debug", false, "debug logging")
 		drainCheck   = flag.Duration("drain-check-interval", 5*time.Second, "how often draining (weight-0) TCP real servers are checked for connections")
+		inspectAddr  = flag.String("inspect-address", inspect.DefaultAddress, "read-only inspection gRPC endpoint (grpcurl): host:port (keep it on loopback) or unix:///run/vsplane/inspect.sock; empty disables")
 		maxDrain     = flag.Duration("max-drain", 10*time.Minute, "a draining real server still holding connections this long is deleted anyway")
 	)
 	flag.Parse()
@@ -77,6 +79,13 @@ func run() error {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 		cfg.MetricsListener = ln
+	}
+	if *inspectAddr != "" {
+		ln, err := inspect.Listen(*inspectAddr)
+		if err != nil {
+			return fmt.Errorf("inspect listener: %w", err)
+		}
+		cfg.InspectListener = ln
 	}
 	a, err := agent.New(ctx, cfg)
 	if err != nil {
