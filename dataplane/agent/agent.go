@@ -133,7 +133,8 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		Stats: func() dpmetrics.Stats {
 			s := rec.Stats()
 			return dpmetrics.Stats{FullReconciles: s.FullReconciles, LastFullReconcile: s.LastFullReconcile,
-				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources}
+				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources,
+				Draining: s.Draining, DrainsCompleted: s.DrainsCompleted, DrainsTimedOut: s.DrainsTimedOut}
 		},
 	})
 	if err != nil {

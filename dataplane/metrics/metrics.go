@@ -28,6 +28,11 @@ type Stats struct {
 	RepairsByKind map[string]uint64
 	// FailedResources is the number of resources currently failed.
 	FailedResources int
+	// Draining is the number of real servers at weight 0 kept for their
+	// connections; DrainsCompleted and DrainsTimedOut count drains that ended
+	// with no connections left or at the maximum drain time (monotonic).
+	Draining                        int
+	DrainsCompleted, DrainsTimedOut uint64
 }
 
 // Options configure the agent metrics.
@@ -49,6 +54,11 @@ var (
 		"Periodic full reconciles run.", nil, nil)
 	failedDesc = prometheus.NewDesc("vsplane_agent_failed_resources",
 		"Resources the agent currently fails to program (NACKed; retried with backoff).", nil, nil)
+	drainingDesc = prometheus.NewDesc("vsplane_agent_draining_real_servers",
+		"TCP real servers at weight 0 kept while they still have connections (graceful drain).", nil, nil)
+	drainsDesc = prometheus.NewDesc("vsplane_agent_drains_total",
+		"Drains that ended, by outcome: completed (no connections left) or timed_out (maximum drain time reached).",
+		[]string{"outcome"}, nil)
 	lastDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		"The last time the kernel state was successfully synced (a Delta applied or a full reconcile ran).", nil, nil)
 )
@@ -180,6 +190,8 @@ func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- repairsDesc
 	ch <- fullDesc
 	ch <- failedDesc
+	ch <- drainingDesc
+	ch <- drainsDesc
 	ch <- lastDesc
 }
 
@@ -194,6 +206,9 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(fullDesc, prometheus.CounterValue, float64(s.FullReconciles))
 		ch <- prometheus.MustNewConstMetric(failedDesc, prometheus.GaugeValue, float64(s.FailedResources))
+		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, float64(s.Draining))
+		ch <- prometheus.MustNewConstMetric(drainsDesc, prometheus.CounterValue, float64(s.DrainsCompleted), "completed")
+		ch <- prometheus.MustNewConstMetric(drainsDesc, prometheus.CounterValue, float64(s.DrainsTimedOut), "timed_out")
 		if s.LastFullReconcile.After(last) {
 			last = s.LastFullReconcile
 		}

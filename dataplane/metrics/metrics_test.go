@@ -75,7 +75,8 @@ func one(t *testing.T, reg *prometheus.Registry, name string, labels map[string]
 
 func TestApplyRecordsSyncMetrics(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	stats := Stats{FullReconciles: 3, RepairsByKind: map[string]uint64{"ipvs_add_destination": 4}, FailedResources: 1}
+	stats := Stats{FullReconciles: 3, RepairsByKind: map[string]uint64{"ipvs_add_destination": 4}, FailedResources: 1,
+		Draining: 2, DrainsCompleted: 5, DrainsTimedOut: 1}
 	reg := prometheus.NewRegistry()
 	m, err := New(reg, Options{Now: clk.now, Stats: func() Stats { return stats }})
 	if err != nil {
@@ -115,6 +116,8 @@ func TestApplyRecordsSyncMetrics(t *testing.T) {
 		{"vsplane_agent_deltas_applied_total", map[string]string{"status": "nack"}, 1},
 		{"vsplane_agent_drift_repairs_total", map[string]string{"kind": "ipvs_add_destination"}, 4},
 		{"vsplane_agent_full_reconciles_total", nil, 3},
+		{"vsplane_agent_drains_total", map[string]string{"outcome": "completed"}, 5},
+		{"vsplane_agent_drains_total", map[string]string{"outcome": "timed_out"}, 1},
 	} {
 		if got := one(t, reg, c.name, c.labels).GetCounter().GetValue(); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
@@ -122,6 +125,9 @@ func TestApplyRecordsSyncMetrics(t *testing.T) {
 	}
 	if got := one(t, reg, "vsplane_agent_failed_resources", nil).GetGauge().GetValue(); got != 1 {
 		t.Errorf("failed resources = %v, want 1", got)
+	}
+	if got := one(t, reg, "vsplane_agent_draining_real_servers", nil).GetGauge().GetValue(); got != 2 {
+		t.Errorf("draining real servers = %v, want 2", got)
 	}
 	// A later full reconcile moves the last sync timestamp.
 	stats.LastFullReconcile = clk.now().Add(time.Second)
