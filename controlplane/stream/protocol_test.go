@@ -129,6 +129,10 @@ func TestNackedVersionNotResentUntilChanged(t *testing.T) {
 			info.GetAcknowledgedVersions()["service/default/b"] != "b1" || info.GetPendingResources() != 1 {
 			t.Fatalf("agent info after NACK = %v", info)
 		}
+		// Lag: time since the trigger of the oldest unacknowledged resource.
+		if lag := info.GetLag().AsDuration(); lag < time.Since(t0)-time.Minute {
+			t.Fatalf("lag = %v, want about %v (since the NACKed resource's trigger)", lag, time.Since(t0))
+		}
 
 		// Another change: only b is sent; a@a1 is not retried.
 		e.src.Set("n1", "service/default/b", "b2", t0)
@@ -144,7 +148,7 @@ func TestNackedVersionNotResentUntilChanged(t *testing.T) {
 		a.ack(d.GetNonce())
 		e.waitAck(d.GetNonce())
 		info, _ = e.srv.Registry().Agent("n1")
-		if info.GetPendingResources() != 0 || info.GetAcknowledgedVersions()["service/default/a"] != "a2" {
+		if info.GetPendingResources() != 0 || info.GetAcknowledgedVersions()["service/default/a"] != "a2" || info.GetLag() != nil {
 			t.Fatalf("agent info after fix = %v", info)
 		}
 	})

@@ -147,6 +147,7 @@ func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
 	if res, _, ok := r.src.List(st.node); ok {
 		seen := 0
 		var pending uint32
+		var oldest time.Time
 		for _, rs := range res {
 			v, ok := info.AcknowledgedVersions[rs.GetName()]
 			if ok {
@@ -154,10 +155,16 @@ func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
 			}
 			if !ok || v != rs.GetVersion() {
 				pending++
+				if t := r.src.TriggerTime(st.node, rs.GetName()); !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+					oldest = t
+				}
 			}
 		}
 		pending += uint32(len(info.AcknowledgedVersions) - seen)
 		info.PendingResources = pending
+		if !oldest.IsZero() {
+			info.Lag = durationpb.New(max(time.Since(oldest), 0))
+		}
 	}
 	return info
 }

@@ -185,8 +185,11 @@ type AgentInfo struct {
 	// kernel operations it performed, as the agent reported in its Ack.
 	LastApplyDuration    *durationpb.Duration `protobuf:"bytes,11,opt,name=last_apply_duration,json=lastApplyDuration,proto3" json:"last_apply_duration,omitempty"`
 	LastKernelOperations map[string]uint32    `protobuf:"bytes,12,rep,name=last_kernel_operations,json=lastKernelOperations,proto3" json:"last_kernel_operations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Seconds behind: time since the earliest change trigger among the
+	// resources the agent has not acknowledged yet; zero when in sync.
+	Lag           *durationpb.Duration `protobuf:"bytes,13,opt,name=lag,proto3" json:"lag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentInfo) Reset() {
@@ -299,6 +302,13 @@ func (x *AgentInfo) GetLastApplyDuration() *durationpb.Duration {
 func (x *AgentInfo) GetLastKernelOperations() map[string]uint32 {
 	if x != nil {
 		return x.LastKernelOperations
+	}
+	return nil
+}
+
+func (x *AgentInfo) GetLag() *durationpb.Duration {
+	if x != nil {
+		return x.Lag
 	}
 	return nil
 }
@@ -816,7 +826,7 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"\x13\n" +
 	"\x11ListAgentsRequest\"C\n" +
 	"\x12ListAgentsResponse\x12-\n" +
-	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\"\xb0\x06\n" +
+	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\"\xdd\x06\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x12\n" +
@@ -830,7 +840,8 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\blast_ack\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\alastAck\x12I\n" +
 	"\x13last_apply_duration\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11lastApplyDuration\x12e\n" +
-	"\x16last_kernel_operations\x18\f \x03(\v2/.vsplane.v1.AgentInfo.LastKernelOperationsEntryR\x14lastKernelOperations\x1aG\n" +
+	"\x16last_kernel_operations\x18\f \x03(\v2/.vsplane.v1.AgentInfo.LastKernelOperationsEntryR\x14lastKernelOperations\x12+\n" +
+	"\x03lag\x18\r \x01(\v2\x19.google.protobuf.DurationR\x03lag\x1aG\n" +
 	"\x19AcknowledgedVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
@@ -930,28 +941,29 @@ var file_vsplane_v1_inspect_proto_depIdxs = []int32{
 	14, // 4: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
 	16, // 5: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
 	13, // 6: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	17, // 7: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
-	3,  // 8: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
-	18, // 9: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
-	19, // 10: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
-	0,  // 11: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
-	14, // 12: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
-	20, // 13: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
-	1,  // 14: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
-	4,  // 15: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
-	6,  // 16: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
-	8,  // 17: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
-	10, // 18: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
-	2,  // 19: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
-	5,  // 20: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
-	7,  // 21: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
-	9,  // 22: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
-	11, // 23: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
-	19, // [19:24] is the sub-list for method output_type
-	14, // [14:19] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 7: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
+	17, // 8: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
+	3,  // 9: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
+	18, // 10: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
+	19, // 11: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
+	0,  // 12: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
+	14, // 13: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
+	20, // 14: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
+	1,  // 15: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
+	4,  // 16: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
+	6,  // 17: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
+	8,  // 18: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
+	10, // 19: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
+	2,  // 20: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
+	5,  // 21: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
+	7,  // 22: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
+	9,  // 23: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
+	11, // 24: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_inspect_proto_init() }
