@@ -189,8 +189,9 @@ func NewLinuxKernel(ctx context.Context, log *zap.Logger) (kernel.Kernel, error)
 func (a *Agent) capabilities() *vsplanev1.Capabilities {
 	caps := &vsplanev1.Capabilities{Ipv6: slices.Contains(a.cfg.Reconcile.Families, kernel.FamilyIPv6)}
 	if scheds, err := a.kernel.IPVS.Schedulers(); err == nil {
+		// Sctp stays false until it is probed (SCTP virtual servers come
+		// with the full-semantics work); never claim what was not checked.
 		caps.IpvsSchedulers = scheds
-		caps.Sctp = true // the probe passed; SCTP support is per protocol module
 	} else {
 		a.log.Warn("cannot list IPVS schedulers", zap.Error(err))
 	}
