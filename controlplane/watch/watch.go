@@ -83,6 +83,10 @@ type Watcher struct {
 	nodes    *tracker[string, model.Node]
 	runner   *runner
 	synced   atomic.Bool
+	// handlers report when each handler has been given every object of the
+	// initial list; the informer's own HasSynced only covers its store, and
+	// handler notifications are delivered asynchronously after that.
+	handlers []cache.ResourceEventHandlerRegistration
 	ctx      context.Context // for Apply; set by Run
 }
 
@@ -125,9 +129,11 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 		inf cache.SharedIndexInformer
 		f   func(old, cur any)
 	}{{svcInf, w.onService}, {sliceInf, w.onSlice}, {nodeInf, w.onNode}} {
-		if _, err := h.inf.AddEventHandler(handler(h.f)); err != nil {
+		reg, err := h.inf.AddEventHandler(handler(h.f))
+		if err != nil {
 			return nil, fmt.Errorf("watch: adding event handler: %w", err)
 		}
+		w.handlers = append(w.handlers, reg)
 	}
 	return w, nil
 }
@@ -143,6 +149,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if !ok {
 			return fmt.Errorf("watch: cache for %v did not sync", typ)
 		}
+	}
+	// The first batch must hold the whole cluster: wait until our handlers,
+	// not just the caches, have seen every listed object.
+	synced := make([]cache.InformerSynced, 0, len(w.handlers))
+	for _, h := range w.handlers {
+		synced = append(synced, h.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("watch: event handlers did not receive the initial lists: %w", ctx.Err())
 	}
 	w.synced.Store(true)
 	w.log.Info("informer caches synced",
