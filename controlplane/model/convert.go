@@ -19,6 +19,8 @@ const (
 	AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
 	// LabelZone is the Node's zone label.
 	LabelZone = "topology.kubernetes.io/zone"
+	// TaintToBeDeletedByClusterAutoscaler marks a node the autoscaler removes.
+	TaintToBeDeletedByClusterAutoscaler = "ToBeDeletedByClusterAutoscaler"
 )
 
 const maxStickyTimeoutSeconds = 86400
@@ -265,6 +267,13 @@ func ConvertNode(n *corev1.Node) (*Node, []Problem) {
 		return nil, nil
 	}
 	out := &Node{Name: n.Name, Zone: n.Labels[LabelZone], Deleting: n.DeletionTimestamp != nil}
+	for _, t := range n.Spec.Taints {
+		// The cluster autoscaler taints a node it is about to delete;
+		// kube-proxy's /healthz treats that like a deletion (KEP-3836).
+		if t.Key == TaintToBeDeletedByClusterAutoscaler {
+			out.Deleting = true
+		}
+	}
 	var problems []Problem
 	seen := map[netip.Addr]bool{}
 	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {

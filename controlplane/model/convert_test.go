@@ -196,4 +196,16 @@ func TestConvertNode(t *testing.T) {
 	if len(probs) != 1 || probs[0].Reason != ReasonBadIP || !probs[0].Dropped {
 		t.Errorf("problems %v", probs)
 	}
+	if got.Deleting {
+		t.Errorf("node without deletion timestamp or taint is Deleting")
+	}
+	n.Spec.Taints = []corev1.Taint{{Key: TaintToBeDeletedByClusterAutoscaler, Effect: corev1.TaintEffectNoSchedule}}
+	if got, _ := ConvertNode(n); !got.Deleting {
+		t.Errorf("node tainted %s is not Deleting", TaintToBeDeletedByClusterAutoscaler)
+	}
+	n.Spec.Taints = nil
+	n.DeletionTimestamp = &metav1.Time{}
+	if got, _ := ConvertNode(n); !got.Deleting {
+		t.Errorf("node with deletion timestamp is not Deleting")
+	}
 }

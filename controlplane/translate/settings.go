@@ -56,6 +56,7 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 		NodePortAddresses:      prefixes(cfg.NodePortAddresses),
 		Zone:                   node.Zone,
 		ReconcilePeriodSeconds: seconds(cfg.ReconcilePeriod),
+		NodeDeleting:           node.Deleting,
 	}
 	for _, a := range node.Addresses {
 		ns.NodeIps = append(ns.NodeIps, a.String())

@@ -1051,8 +1051,12 @@ type NodeSettings struct {
 	Zone string `protobuf:"bytes,12,opt,name=zone,proto3" json:"zone,omitempty"`
 	// Period of the agent's full reconcile against the kernel.
 	ReconcilePeriodSeconds uint32 `protobuf:"varint,13,opt,name=reconcile_period_seconds,json=reconcilePeriodSeconds,proto3" json:"reconcile_period_seconds,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The Node is being deleted (deletion timestamp set, or tainted
+	// ToBeDeletedByClusterAutoscaler): the agent's /healthz answers 503 with
+	// nodeEligible false, as kube-proxy's does, so load balancers drain it.
+	NodeDeleting  bool `protobuf:"varint,14,opt,name=node_deleting,json=nodeDeleting,proto3" json:"node_deleting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeSettings) Reset() {
@@ -1176,6 +1180,13 @@ func (x *NodeSettings) GetReconcilePeriodSeconds() uint32 {
 	return 0
 }
 
+func (x *NodeSettings) GetNodeDeleting() bool {
+	if x != nil {
+		return x.NodeDeleting
+	}
+	return false
+}
+
 var File_vsplane_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_vsplane_v1_snapshot_proto_rawDesc = "" +
@@ -1233,7 +1244,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\bprotocol\x18\x05 \x01(\x0e2\x14.vsplane.v1.ProtocolR\bprotocol\x12\x10\n" +
 	"\x03ip2\x18\x06 \x01(\tR\x03ip2\x12\x10\n" +
 	"\x03net\x18\a \x01(\tR\x03net\x12.\n" +
-	"\x13node_port_addresses\x18\b \x01(\bR\x11nodePortAddresses\"\xa2\x04\n" +
+	"\x13node_port_addresses\x18\b \x01(\bR\x11nodePortAddresses\"\xc7\x04\n" +
 	"\fNodeSettings\x12+\n" +
 	"\x11default_scheduler\x18\x01 \x01(\tR\x10defaultScheduler\x12.\n" +
 	"\x13tcp_timeout_seconds\x18\x02 \x01(\rR\x11tcpTimeoutSeconds\x125\n" +
@@ -1249,7 +1260,8 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	" \x03(\tR\x11nodePortAddresses\x12\x19\n" +
 	"\bnode_ips\x18\v \x03(\tR\anodeIps\x12\x12\n" +
 	"\x04zone\x18\f \x01(\tR\x04zone\x128\n" +
-	"\x18reconcile_period_seconds\x18\r \x01(\rR\x16reconcilePeriodSeconds*[\n" +
+	"\x18reconcile_period_seconds\x18\r \x01(\rR\x16reconcilePeriodSeconds\x12#\n" +
+	"\rnode_deleting\x18\x0e \x01(\bR\fnodeDeleting*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
