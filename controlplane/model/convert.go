@@ -39,6 +39,9 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 		problems = append(problems, Problem{Kind: "Service", Object: key.String(), Reason: r, Detail: fmt.Sprintf(format, args...), Dropped: true})
 	}
 	out := &Service{Key: key}
+	if !s.CreationTimestamp.IsZero() {
+		out.Created = s.CreationTimestamp.Unix()
+	}
 	switch s.Spec.Type {
 	case corev1.ServiceTypeNodePort:
 		out.Type = ServiceTypeNodePort

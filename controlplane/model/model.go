@@ -123,6 +123,10 @@ const DefaultStickyTimeoutSeconds = 10800
 type Service struct {
 	Key  ServiceKey
 	Type ServiceType
+	// Created is the creation timestamp in Unix seconds. Cross-Service
+	// conflicts (two Services claiming one NodePort) go to the older one,
+	// which every replica decides alike and a newcomer cannot disturb.
+	Created int64
 	// ClusterIPs in the Service's order; at most one per family.
 	ClusterIPs []netip.Addr
 	Ports      []ServicePort
