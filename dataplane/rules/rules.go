@@ -54,6 +54,16 @@ type Input struct {
 	// NonEmpty are the sets (of this family) that have entries; rules
 	// matching an empty set are left out, as kube-proxy does.
 	NonEmpty SetMask
+	// LoadBalancerNoNodeAccess are the load-balancer ingress ip:port/proto
+	// (of this family) of Services with loadBalancerSourceRanges none of
+	// which contains the node's IP: kube-proxy's
+	// lbNoNodeAccessIPPortProtocolEntries. Connections from the node itself
+	// to them are dropped in KUBE-IPVS-OUT-FILTER (IPVS schedules
+	// node-originated packets in OUTPUT, so KUBE-PROXY-FIREWALL in INPUT
+	// never sees them). NoNodeAccess derives the list from the ipset
+	// entries. Order and duplicates do not matter (rendered sorted, once).
+	// nil: no such Service, KUBE-IPVS-OUT-FILTER stays empty.
+	LoadBalancerNoNodeAccess []VirtualPort
 }
 
 // Validate reports an Input that cannot be rendered.
@@ -66,6 +76,11 @@ func (in Input) Validate() error {
 	}
 	if in.ClusterCIDR.IsValid() && kernel.FamilyOf(in.ClusterCIDR.Addr().Unmap()) != in.Family {
 		return fmt.Errorf("rules: cluster CIDR %v is not %v: %w", in.ClusterCIDR, in.Family, kernel.ErrInvalid)
+	}
+	for _, vp := range in.LoadBalancerNoNodeAccess {
+		if err := vp.validate(in.Family); err != nil {
+			return err
+		}
 	}
 	return nil
 }
