@@ -43,6 +43,7 @@ type Engine struct {
 	services   map[model.ServiceKey]*serviceEntry
 	sliceOwner map[model.SliceKey]model.ServiceKey
 	nodes      map[string]*nodeEntry
+	conflicts  *conflicts
 	batch      snapshot.Batch
 
 	invalid      *prometheus.CounterVec
@@ -55,6 +56,9 @@ type serviceEntry struct {
 	svcProblems   []model.Problem
 	slices        map[model.SliceKey]*model.EndpointSlice
 	sliceProblems map[model.SliceKey][]model.Problem
+	// conflictProblems: cross-Service conflicts this Service loses (set by
+	// recompute; see conflicts).
+	conflictProblems []model.Problem
 	// Derived by recompute, reused for nodes that appear later.
 	in       translate.Input
 	variants translate.Variants
@@ -78,6 +82,7 @@ func New(cfg Config, store *snapshot.Store, log *zap.Logger) (*Engine, error) {
 		services:   map[model.ServiceKey]*serviceEntry{},
 		sliceOwner: map[model.SliceKey]model.ServiceKey{},
 		nodes:      map[string]*nodeEntry{},
+		conflicts:  newConflicts(),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vsplane_controlplane_invalid_objects_total",
 			Help: "Kubernetes objects (or parts of them) skipped because the translator cannot use them.",
@@ -135,11 +140,18 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		if !had {
 			b.AddNode(name)
 			fresh[name] = c.Trigger
-		} else if old.node.Zone != n.Zone {
-			// The zone may select different endpoints (topology): redo all.
+		} else if old.node.Zone != n.Zone || !slices.Equal(old.node.Addresses, n.Addresses) {
+			// The zone may select different endpoints (topology), and node
+			// addresses decide load-balancer source-range entries: redo all.
 			fresh[name] = c.Trigger
 		}
 		e.setNodeSettings(b, n, c.Trigger)
+	}
+	if len(ch.Nodes) > 0 && e.conflicts.setNodeAddresses(e.nodes) {
+		// An external IP may now equal (or no longer equal) a node address.
+		for _, k := range e.conflicts.extIPServices() {
+			markDirty(k, time.Time{})
+		}
 	}
 
 	for key, c := range ch.Slices {
@@ -173,6 +185,8 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		if c.Current != nil {
 			se.svc, se.svcProblems = c.Current.Value, c.Current.Problems
 		}
+		trig := c.Trigger
+		e.conflicts.update(key, se.svc, func(other model.ServiceKey) { markDirty(other, trig) })
 		e.gc(key, se)
 		markDirty(key, c.Trigger)
 	}
@@ -243,6 +257,7 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 	if se == nil || se.svc == nil {
 		if se != nil {
 			se.in, se.variants, se.common = translate.Input{}, translate.Variants{}, nil
+			se.conflictProblems = nil
 		}
 		for n := range e.nodes {
 			if _, ok := skip[n]; !ok {
@@ -251,8 +266,7 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 		}
 		return
 	}
-	se.in = translate.Input{Service: se.svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
-	se.variants = translate.VariantsOf(se.in)
+	e.derive(se)
 	se.common = nil
 	for n, ne := range e.nodes {
 		if _, ok := skip[n]; ok {
@@ -274,13 +288,30 @@ func (e *Engine) fillNode(b *snapshot.Batch, n *model.Node, nodeTrig time.Time) 
 			continue
 		}
 		if se.in.Service == nil { // not derived yet (cannot happen after recompute, kept for safety)
-			se.in = translate.Input{Service: se.svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
-			se.variants = translate.VariantsOf(se.in)
+			e.derive(se)
 		}
 		if r := e.variantFor(se, n); r != nil {
 			b.Set(n.Name, r, nodeTrig)
 		}
 	}
+}
+
+// derive computes the translator input of se: its Service as conflicts
+// leave it, its slices and every problem (conversion and conflict).
+// Conflict problems are logged and counted when they change.
+func (e *Engine) derive(se *serviceEntry) {
+	svc, conflictProblems := e.conflicts.resolve(se.svc)
+	if !slices.Equal(conflictProblems, se.conflictProblems) {
+		for _, p := range conflictProblems {
+			if !slices.Contains(se.conflictProblems, p) {
+				e.invalid.WithLabelValues(p.Kind, string(p.Reason)).Inc()
+				e.log.Warn("conflicting service", zap.String("object", p.Object), zap.String("reason", string(p.Reason)), zap.String("detail", p.Detail))
+			}
+		}
+		se.conflictProblems = conflictProblems
+	}
+	se.in = translate.Input{Service: svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
+	se.variants = translate.VariantsOf(se.in)
 }
 
 // variantFor returns the resource of se for node n: the cached common
@@ -348,6 +379,9 @@ func problemStrings(se *serviceEntry) []string {
 	for _, p := range se.svcProblems {
 		out = append(out, p.String())
 	}
+	for _, p := range se.conflictProblems {
+		out = append(out, p.String())
+	}
 	keys := make([]model.SliceKey, 0, len(se.sliceProblems))
 	for k := range se.sliceProblems {
 		keys = append(keys, k)
@@ -379,6 +413,7 @@ func (e *Engine) Problems(k model.ServiceKey) []model.Problem {
 		return nil
 	}
 	out := slices.Clone(se.svcProblems)
+	out = append(out, se.conflictProblems...)
 	for _, ps := range se.sliceProblems {
 		out = append(out, ps...)
 	}
@@ -390,7 +425,7 @@ func (e *Engine) AllProblems() map[model.ServiceKey][]model.Problem {
 	e.mu.RLock()
 	keys := make([]model.ServiceKey, 0)
 	for k, se := range e.services {
-		if len(se.svcProblems) > 0 || len(se.sliceProblems) > 0 {
+		if len(se.svcProblems) > 0 || len(se.sliceProblems) > 0 || len(se.conflictProblems) > 0 {
 			keys = append(keys, k)
 		}
 	}

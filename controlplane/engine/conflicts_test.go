@@ -1,0 +1,173 @@
+package engine
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/watch"
+)
+
+func setNodePortService(c *watch.Changes, name string, created int64, nodePort uint16, extIPs ...string) {
+	k := model.ServiceKey{Namespace: "ns", Name: name}
+	svc := &model.Service{
+		Key: k, Type: model.ServiceTypeNodePort, Created: created,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.10")},
+		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: nodePort}},
+	}
+	if nodePort == 0 {
+		svc.Type = model.ServiceTypeClusterIP
+	}
+	for _, ip := range extIPs {
+		svc.ExternalIPs = append(svc.ExternalIPs, netip.MustParseAddr(ip))
+	}
+	c.Services[k] = watch.Change[model.Service]{Trigger: time.Unix(created, 0), Current: &watch.Observed[model.Service]{Value: svc}}
+}
+
+func deleteService(c *watch.Changes, name string) {
+	k := model.ServiceKey{Namespace: "ns", Name: name}
+	c.Services[k] = watch.Change[model.Service]{Trigger: time.Unix(900, 0)}
+}
+
+// translated is what the translator was last given for a Service.
+func translated(t *testing.T, e *Engine, name string) *model.Service {
+	t.Helper()
+	se := e.services[model.ServiceKey{Namespace: "ns", Name: name}]
+	if se == nil || se.in.Service == nil {
+		t.Fatalf("service %s not translated", name)
+	}
+	return se.in.Service
+}
+
+func hasProblem(e *Engine, name string, r model.Reason) bool {
+	for _, p := range e.Problems(model.ServiceKey{Namespace: "ns", Name: name}) {
+		if p.Reason == r {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDuplicateNodePortGoesToTheOlderService(t *testing.T) {
+	e, _, _ := newEngine(t)
+	c := changes()
+	addNode(c, "n1")
+	setNodePortService(c, "old", 100, 30080)
+	apply(t, e, c)
+
+	// A newer Service claiming the same port must not take it.
+	c = changes()
+	setNodePortService(c, "new", 200, 30080)
+	apply(t, e, c)
+	if got := translated(t, e, "old").Ports[0].NodePort; got != 30080 {
+		t.Errorf("older service lost its NodePort: %d", got)
+	}
+	if got := translated(t, e, "new").Ports[0].NodePort; got != 0 {
+		t.Errorf("newer service kept the conflicting NodePort %d", got)
+	}
+	if !hasProblem(e, "new", ReasonNodePortConflict) || hasProblem(e, "old", ReasonNodePortConflict) {
+		t.Errorf("problems: old %v new %v", e.Problems(model.ServiceKey{Namespace: "ns", Name: "old"}),
+			e.Problems(model.ServiceKey{Namespace: "ns", Name: "new"}))
+	}
+	if p := e.Problems(model.ServiceKey{Namespace: "ns", Name: "new"}); len(p) != 1 || !strings.Contains(p[0].Detail, "ns/old") {
+		t.Errorf("problem does not name the owner: %v", p)
+	}
+	if got := counter(e.invalid.WithLabelValues("Service", string(ReasonNodePortConflict))); got != 1 {
+		t.Errorf("conflict counted %v times, want 1", got)
+	}
+
+	// A periodic resync neither changes the outcome nor counts it again.
+	c = changes()
+	c.Periodic = true
+	apply(t, e, c)
+	if got := counter(e.invalid.WithLabelValues("Service", string(ReasonNodePortConflict))); got != 1 {
+		t.Errorf("conflict counted %v times after resync, want 1", got)
+	}
+
+	// The same number on another protocol is no conflict.
+	c = changes()
+	k := model.ServiceKey{Namespace: "ns", Name: "udp"}
+	c.Services[k] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Value: &model.Service{
+		Key: k, Type: model.ServiceTypeNodePort, Created: 300, ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.11")},
+		Ports: []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30080}},
+	}}}
+	apply(t, e, c)
+	if got := translated(t, e, "udp").Ports[0].NodePort; got != 30080 || hasProblem(e, "udp", ReasonNodePortConflict) {
+		t.Errorf("UDP NodePort with a TCP namesake: nodePort %d, problems %v", got, e.Problems(k))
+	}
+
+	// When the owner goes, the waiting Service gets the port, in the same
+	// batch, without being changed itself.
+	c = changes()
+	deleteService(c, "old")
+	apply(t, e, c)
+	if got := translated(t, e, "new").Ports[0].NodePort; got != 30080 {
+		t.Errorf("remaining service did not get the NodePort: %d", got)
+	}
+	if hasProblem(e, "new", ReasonNodePortConflict) {
+		t.Errorf("stale conflict problem: %v", e.Problems(model.ServiceKey{Namespace: "ns", Name: "new"}))
+	}
+}
+
+func TestExternalIPOnANodesNodePortIsDropped(t *testing.T) {
+	e, _, _ := newEngine(t)
+	c := changes()
+	c.Nodes["n1"] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
+		Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.11")}}}}
+	setNodePortService(c, "np", 100, 30080)
+	// Port 80 on a node address is no NodePort: kept, like kube-proxy.
+	setNodePortService(c, "fine", 150, 0, "198.19.0.11")
+	apply(t, e, c)
+	if got := translated(t, e, "fine").ExternalIPs; len(got) != 1 {
+		t.Errorf("external IP on a non-NodePort port dropped: %v", got)
+	}
+
+	// An external IP equal to the node's address on port 30080/TCP would be
+	// the same IPVS virtual server as np's NodePort on that node.
+	c = changes()
+	k := model.ServiceKey{Namespace: "ns", Name: "hijack"}
+	c.Services[k] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Value: &model.Service{
+		Key: k, Created: 200, ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.0.12")},
+		Ports:       []model.ServicePort{{Name: "x", Protocol: model.TCP, Port: 30080}},
+		ExternalIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.18.100.1")},
+	}}}
+	apply(t, e, c)
+	got := translated(t, e, "hijack").ExternalIPs
+	if len(got) != 1 || got[0] != netip.MustParseAddr("198.18.100.1") {
+		t.Errorf("external IPs = %v, want only 198.18.100.1", got)
+	}
+	if !hasProblem(e, "hijack", ReasonExternalIPConflict) {
+		t.Errorf("no conflict problem: %v", e.Problems(k))
+	}
+	if got := translated(t, e, "np").Ports[0].NodePort; got != 30080 {
+		t.Errorf("NodePort owner disturbed: %d", got)
+	}
+
+	// The NodePort goes away: the external IP comes back.
+	c = changes()
+	deleteService(c, "np")
+	apply(t, e, c)
+	if got := translated(t, e, "hijack").ExternalIPs; len(got) != 2 || hasProblem(e, "hijack", ReasonExternalIPConflict) {
+		t.Errorf("after the NodePort left: external IPs %v, problems %v", got, e.Problems(k))
+	}
+
+	// The node's address changes away from the external IP: still fine; and
+	// when a node takes that address with a NodePort present, it is dropped.
+	c = changes()
+	setNodePortService(c, "np", 100, 30080)
+	c.Nodes["n1"] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
+		Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.12")}}}}
+	apply(t, e, c)
+	if got := translated(t, e, "hijack").ExternalIPs; len(got) != 2 {
+		t.Errorf("external IPs %v after the node moved away", got)
+	}
+	c = changes()
+	c.Nodes["n2"] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
+		Name: "n2", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.11")}}}}
+	apply(t, e, c)
+	if got := translated(t, e, "hijack").ExternalIPs; len(got) != 1 || !hasProblem(e, "hijack", ReasonExternalIPConflict) {
+		t.Errorf("node n2 took the address: external IPs %v, problems %v", got, e.Problems(k))
+	}
+}
