@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +56,10 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 	if len(ips) == 0 {
 		ips = []string{s.Spec.ClusterIP}
 	}
+	if s.Spec.IPFamilyPolicy != nil && *s.Spec.IPFamilyPolicy == corev1.IPFamilyPolicySingleStack && len(ips) > 1 {
+		drop(ReasonFamilyMismatch, "ipFamilyPolicy SingleStack with %d clusterIPs: using only %s", len(ips), ips[0])
+		ips = ips[:1]
+	}
 	for i, raw := range ips {
 		ip, err := parseIP(raw)
 		if err != nil {
@@ -64,6 +69,10 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 		f := FamilyOf(ip)
 		if i < len(s.Spec.IPFamilies) && familyOfAPI(s.Spec.IPFamilies[i]) != f {
 			drop(ReasonFamilyMismatch, "clusterIPs[%d] %s is %s but ipFamilies[%d] is %s", i, ip, f, i, s.Spec.IPFamilies[i])
+			continue
+		}
+		if len(s.Spec.IPFamilies) > 0 && i >= len(s.Spec.IPFamilies) {
+			drop(ReasonFamilyMismatch, "clusterIPs[%d] %s: no matching ipFamilies entry", i, ip)
 			continue
 		}
 		if _, dup := out.ClusterIP(f); dup {
@@ -90,7 +99,25 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 			drop(ReasonBadPort, "ports[%d] (%q): nodePort %d out of range", i, p.Name, p.NodePort)
 			continue
 		}
-		out.Ports = append(out.Ports, ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port), NodePort: uint16(p.NodePort)})
+		sp := ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port), NodePort: uint16(p.NodePort)}
+		if j := slices.IndexFunc(out.Ports, func(o ServicePort) bool { return o.Port == sp.Port && o.Protocol == sp.Protocol }); j >= 0 {
+			drop(ReasonDuplicate, "ports[%d] (%q): %d/%s already used by port %q", i, p.Name, sp.Port, proto, out.Ports[j].Name)
+			continue
+		}
+		if j := slices.IndexFunc(out.Ports, func(o ServicePort) bool { return o.Name == sp.Name && o.Protocol == sp.Protocol }); j >= 0 {
+			// Endpoints are matched by name and protocol: the second port could never get any.
+			drop(ReasonDuplicate, "ports[%d] (%q): name and protocol %s already used", i, p.Name, proto)
+			continue
+		}
+		if sp.NodePort != 0 && out.Type == ServiceTypeClusterIP {
+			drop(ReasonBadPort, "ports[%d] (%q): nodePort %d on a ClusterIP Service ignored", i, p.Name, sp.NodePort)
+			sp.NodePort = 0
+		}
+		if sp.NodePort != 0 && slices.ContainsFunc(out.Ports, func(o ServicePort) bool { return o.NodePort == sp.NodePort && o.Protocol == sp.Protocol }) {
+			drop(ReasonDuplicate, "ports[%d] (%q): nodePort %d/%s already used by another port of this Service; NodePort dropped", i, p.Name, sp.NodePort, proto)
+			sp.NodePort = 0
+		}
+		out.Ports = append(out.Ports, sp)
 	}
 	if len(s.Spec.Ports) > 0 && len(out.Ports) == 0 {
 		return nil, skipAll(problems, key, ReasonNoPorts, "no usable port")
@@ -110,9 +137,17 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 	}
 
 	for i, raw := range s.Spec.ExternalIPs {
-		ip, err := parseIP(raw)
+		ip, err := parseIP(strings.TrimSpace(raw))
 		if err != nil {
 			drop(ReasonBadIP, "externalIPs[%d] %q: %v", i, raw, err)
+			continue
+		}
+		if _, ok := out.ClusterIP(FamilyOf(ip)); !ok {
+			drop(ReasonFamilyMismatch, "externalIPs[%d] %s: the Service has no %s cluster IP", i, ip, FamilyOf(ip))
+			continue
+		}
+		if slices.Contains(out.ExternalIPs, ip) {
+			drop(ReasonDuplicate, "externalIPs[%d] %s listed twice", i, ip)
 			continue
 		}
 		out.ExternalIPs = append(out.ExternalIPs, ip)
@@ -131,6 +166,13 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 			drop(ReasonBadIP, "status.loadBalancer.ingress[%d].ip %q: %v", i, ing.IP, err)
 			continue
 		}
+		if _, ok := out.ClusterIP(FamilyOf(ip)); !ok {
+			drop(ReasonFamilyMismatch, "status.loadBalancer.ingress[%d].ip %s: the Service has no %s cluster IP", i, ip, FamilyOf(ip))
+			continue
+		}
+		if slices.Contains(out.LoadBalancerIPs, ip) {
+			continue // several ingress entries may name one IP (e.g. with different ports)
+		}
 		out.LoadBalancerIPs = append(out.LoadBalancerIPs, ip)
 	}
 	for i, raw := range s.Spec.LoadBalancerSourceRanges {
@@ -139,18 +181,34 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 			drop(ReasonBadCIDR, "loadBalancerSourceRanges[%d] %q: %v", i, raw, err)
 			continue
 		}
-		out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
+		if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			drop(ReasonBadCIDR, "loadBalancerSourceRanges[%d] %q: zoned or IPv4-mapped prefix", i, raw)
+			continue
+		}
+		if !slices.Contains(out.LoadBalancerSourceRanges, p.Masked()) {
+			out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
+		}
 	}
-	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+	// Like kube-proxy (ExternalPolicyLocal), the external policy only
+	// matters for a Service reachable from outside.
+	externallyAccessible := out.Type != ServiceTypeClusterIP || len(out.ExternalIPs) > 0
+	if s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && externallyAccessible {
 		out.ExternalTrafficPolicy = PolicyLocal
 	}
 	if s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal {
 		out.InternalTrafficPolicy = PolicyLocal
 	}
-	if h := s.Spec.HealthCheckNodePort; h < 0 || h > 65535 {
-		drop(ReasonBadPort, "healthCheckNodePort %d out of range", h)
-	} else {
-		out.HealthCheckNodePort = uint16(h)
+	// Only a LoadBalancer with externalTrafficPolicy Local gets a health
+	// check port (kube-proxy: apiservice.NeedsHealthCheck).
+	if out.Type == ServiceTypeLoadBalancer && out.ExternalTrafficPolicy == PolicyLocal {
+		switch h := s.Spec.HealthCheckNodePort; {
+		case h < 0 || h > 65535:
+			drop(ReasonBadPort, "healthCheckNodePort %d out of range", h)
+		case h == 0:
+			drop(ReasonBadPort, "externalTrafficPolicy Local LoadBalancer without healthCheckNodePort: no health check served")
+		default:
+			out.HealthCheckNodePort = uint16(h)
+		}
 	}
 	if s.Spec.TrafficDistribution != nil {
 		out.TrafficDistribution = *s.Spec.TrafficDistribution

@@ -133,13 +133,21 @@ type Service struct {
 	// ClientIP session affinity: Sticky is true and StickyTimeoutSeconds > 0.
 	Sticky               bool
 	StickyTimeoutSeconds uint32
-	ExternalIPs          []netip.Addr
-	// LoadBalancerIPs from status.loadBalancer.ingress (IPs only; hostnames ignored).
-	LoadBalancerIPs          []netip.Addr
+	// ExternalIPs, deduplicated; only families the Service has a cluster IP of.
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs from status.loadBalancer.ingress (VIP-mode IPs only;
+	// hostnames ignored), deduplicated, only families with a cluster IP.
+	LoadBalancerIPs []netip.Addr
+	// LoadBalancerSourceRanges, masked and deduplicated, any family (the
+	// translator uses those of each virtual server's family).
 	LoadBalancerSourceRanges []netip.Prefix
-	ExternalTrafficPolicy    TrafficPolicy
-	InternalTrafficPolicy    TrafficPolicy
-	HealthCheckNodePort      uint16
+	// ExternalTrafficPolicy is Local only for an externally reachable
+	// Service (NodePort, LoadBalancer, or with external IPs).
+	ExternalTrafficPolicy TrafficPolicy
+	InternalTrafficPolicy TrafficPolicy
+	// HealthCheckNodePort is set only for a LoadBalancer with
+	// externalTrafficPolicy Local (kube-proxy's NeedsHealthCheck).
+	HealthCheckNodePort uint16
 	// TrafficDistribution as given ("" when unset), e.g. "PreferClose".
 	TrafficDistribution string
 }
@@ -217,6 +225,7 @@ const (
 	ReasonAddressType    Reason = "unsupported_address_type"
 	ReasonNoPorts        Reason = "no_usable_ports"
 	ReasonBadAffinity    Reason = "bad_affinity"
+	ReasonDuplicate      Reason = "duplicate"
 )
 
 // Problem is one thing wrong with an object. If Dropped is false the whole

@@ -9,8 +9,12 @@ package translate
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/controlplane/model"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -26,95 +30,254 @@ type Input struct {
 	Problems []string
 }
 
-// Variants tells which nodes get identical ServiceStates for one Input, so
-// the caller translates once per distinct key instead of once per node.
-// Nodes with equal Key(node) get equal output from Service(in, node, cfg).
-type Variants struct {
-	endpointNodes map[string]struct{}
-}
-
-// VariantsOf computes the variants of in.
-func VariantsOf(in Input) Variants {
-	v := Variants{}
-	for _, s := range in.Slices {
-		for i := range s.Endpoints {
-			if n := s.Endpoints[i].NodeName; n != "" {
-				if v.endpointNodes == nil {
-					v.endpointNodes = map[string]struct{}{}
-				}
-				v.endpointNodes[n] = struct{}{}
-			}
-		}
-	}
-	return v
-}
-
-// Key returns node's variant key; "" is the variant of every node that hosts
-// none of the Service's endpoints. (Topology-aware routing will add zone
-// keys here; nodes hosting endpoints stay per node.)
-func (v Variants) Key(node *model.Node) string {
-	if _, ok := v.endpointNodes[node.Name]; ok {
-		return "node/" + node.Name
-	}
-	return ""
-}
-
-// PerNode returns the names of the nodes that have their own variant.
-func (v Variants) PerNode() []string {
-	out := make([]string, 0, len(v.endpointNodes))
-	for n := range v.endpointNodes {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // Service returns what in.Service asks of node. A nil Service gives nil.
+//
+// Per IP family of the Service's cluster IPs and per port it emits, in this
+// order: the ClusterIP virtual server, one per external IP, one per
+// load-balancer IP, and the NodePort marker (node_port_addresses, expanded
+// by the agent), plus the ipset entries kube-proxy's IPVS proxier would add
+// for them. Problems that affect only part of the Service are appended to
+// ServiceState.problems and the rest is still programmed.
 func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 	svc := in.Service
 	if svc == nil {
 		return nil
 	}
-	st := &vsplanev1.ServiceState{
+	t := &translation{svc: svc, node: node, cfg: cfg, seen: map[vsKey]string{}}
+	t.st = &vsplanev1.ServiceState{
 		Namespace: svc.Key.Namespace,
 		Name:      svc.Key.Name,
 		Problems:  slices.Clone(in.Problems),
 	}
-	var sets ipsetBuilder
 	localReady := map[netip.Addr]struct{}{}
 	for _, clusterIP := range svc.ClusterIPs {
 		fam := model.FamilyOf(clusterIP)
 		for _, sp := range svc.Ports {
 			eps := endpointsFor(in.Slices, fam, sp, node.Name)
+			sel := categorize(eps, node.Name, node.Zone)
 			for i := range eps {
 				if eps[i].local && eps[i].ready {
 					localReady[eps[i].addr] = struct{}{}
 				}
 			}
-			// Hairpin: a local endpoint reaching itself through the
-			// Service is masqueraded. kube-proxy adds every local endpoint
-			// of the port, whatever its conditions.
-			for i := range eps {
-				if eps[i].local {
-					sets.add(&vsplanev1.IPSetEntry{Set: vsplanev1.IPSet_IP_SET_LOOP_BACK, Family: family(fam),
-						Ip: eps[i].addr.String(), Port: uint32(eps[i].port), Protocol: protocol(sp.Protocol), Ip2: eps[i].addr.String()})
-				}
-			}
-			sets.add(&vsplanev1.IPSetEntry{Set: vsplanev1.IPSet_IP_SET_CLUSTER_IP, Family: family(fam),
-				Ip: clusterIP.String(), Port: uint32(sp.Port), Protocol: protocol(sp.Protocol)})
-
-			vs := newVirtualServer(svc, sp, fam)
-			vs.Kind = vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP
-			vs.Address = clusterIP.String()
-			vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS
-			vs.TrafficPolicy = policy(svc.InternalTrafficPolicy)
-			vs.RealServers, vs.Reject = pick(eps, svc.InternalTrafficPolicy)
-			st.VirtualServers = append(st.VirtualServers, vs)
+			t.port(fam, clusterIP, sp, eps, &sel)
+		}
+		if svc.HealthCheckNodePort != 0 {
+			t.sets.add(&vsplanev1.IPSetEntry{Set: vsplanev1.IPSet_IP_SET_HEALTH_CHECK_NODE_PORT, Family: family(fam),
+				Port: uint32(svc.HealthCheckNodePort)})
 		}
 	}
-	st.IpsetEntries = sets.sorted()
-	st.LocalEndpoints = uint32(len(localReady))
-	return st
+	t.st.IpsetEntries = t.sets.sorted()
+	t.st.LocalEndpoints = uint32(len(localReady))
+	t.st.HealthCheckNodePort = uint32(svc.HealthCheckNodePort)
+	return t.st
+}
+
+// translation is the state of one Service(in, node, cfg) call.
+type translation struct {
+	svc  *model.Service
+	node *model.Node
+	cfg  Config
+	st   *vsplanev1.ServiceState
+	sets ipsetBuilder
+	// seen maps each virtual server (address, port, protocol) to what
+	// created it, to report and skip duplicates.
+	seen map[vsKey]string
+}
+
+type vsKey struct {
+	addr  string // "" with nodePort for NodePort markers
+	nodes bool
+	port  uint32
+	proto vsplanev1.Protocol
+}
+
+func (t *translation) problem(format string, args ...any) {
+	p := fmt.Sprintf(format, args...)
+	if !slices.Contains(t.st.Problems, p) {
+		t.st.Problems = append(t.st.Problems, p)
+	}
+}
+
+// add appends vs unless an earlier virtual server of this Service has the
+// same address, port and protocol; what names vs in the problem.
+func (t *translation) add(vs *vsplanev1.VirtualServer, what string) bool {
+	k := vsKey{vs.Address, vs.NodePortAddresses, vs.Port, vs.Protocol}
+	if prev, dup := t.seen[k]; dup {
+		t.problem("%s: same virtual server as %s; not programmed twice", what, prev)
+		return false
+	}
+	t.seen[k] = what
+	t.st.VirtualServers = append(t.st.VirtualServers, vs)
+	return true
+}
+
+// port emits everything of Service port sp in family fam.
+func (t *translation) port(fam model.Family, clusterIP netip.Addr, sp model.ServicePort, eps []endpoint, sel *selection) {
+	svc, f, pr := t.svc, family(fam), protocol(sp.Protocol)
+	portName := portLabel(sp)
+	extPolicy := svc.ExternalTrafficPolicy
+	extLocal := extPolicy == model.PolicyLocal
+	entry := func(set vsplanev1.IPSet, ip netip.Addr) *vsplanev1.IPSetEntry {
+		return &vsplanev1.IPSetEntry{Set: set, Family: f, Ip: ip.String(), Port: uint32(sp.Port), Protocol: pr}
+	}
+
+	// Hairpin: a local endpoint reaching itself through the Service is
+	// masqueraded. kube-proxy adds every local endpoint of the port,
+	// whatever its conditions.
+	for i := range eps {
+		if eps[i].local {
+			e := entry(vsplanev1.IPSet_IP_SET_LOOP_BACK, eps[i].addr)
+			e.Port, e.Ip2 = uint32(eps[i].port), eps[i].addr.String()
+			t.sets.add(e)
+		}
+	}
+
+	vs := newVirtualServer(svc, sp, fam)
+	vs.Kind = vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP
+	vs.Address = clusterIP.String()
+	vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS
+	vs.TrafficPolicy = policy(svc.InternalTrafficPolicy)
+	vs.RealServers, vs.Reject = realServers(sel, svc.InternalTrafficPolicy)
+	if t.add(vs, fmt.Sprintf("port %s clusterIP %s", portName, clusterIP)) {
+		t.sets.add(entry(vsplanev1.IPSet_IP_SET_CLUSTER_IP, clusterIP))
+	}
+
+	rs, reject := realServers(sel, extPolicy)
+	external := func(kind vsplanev1.VirtualServerKind, ip netip.Addr, what string) *vsplanev1.VirtualServer {
+		if np, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok && t.isNodePortAddress(ip) {
+			t.problem("port %s %s %s: this node's NodePort address %s and port %d/%s are NodePort %d of port %s; served as NodePort only",
+				portName, what, ip, ip, sp.Port, sp.Protocol, np.NodePort, portLabel(np))
+			return nil
+		}
+		vs := newVirtualServer(svc, sp, fam)
+		vs.Kind = kind
+		vs.Address = ip.String()
+		vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL
+		vs.TrafficPolicy = policy(extPolicy)
+		vs.RealServers, vs.Reject = cloneRealServers(rs), reject
+		if !t.add(vs, fmt.Sprintf("port %s %s %s", portName, what, ip)) {
+			return nil
+		}
+		return vs
+	}
+
+	for _, ip := range svc.ExternalIPs {
+		if model.FamilyOf(ip) != fam || external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, ip, "externalIP") == nil {
+			continue
+		}
+		// kube-proxy puts an external IP in exactly one of the two sets:
+		// KUBE-EXTERNAL-IP masquerades, KUBE-EXTERNAL-IP-LOCAL keeps the
+		// client's source address.
+		set := vsplanev1.IPSet_IP_SET_EXTERNAL_IP
+		if extLocal {
+			set = vsplanev1.IPSet_IP_SET_EXTERNAL_IP_LOCAL
+		}
+		t.sets.add(entry(set, ip))
+	}
+
+	ranges, _ := sourceRanges(svc, fam)
+	fromNode := allowFromNode(ranges, t.node, fam)
+	for _, ip := range svc.LoadBalancerIPs {
+		if model.FamilyOf(ip) != fam {
+			continue
+		}
+		vs := external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_LOAD_BALANCER, ip, "loadBalancer IP")
+		if vs == nil {
+			continue
+		}
+		vs.SourceRanges = prefixes(ranges)
+		t.sets.add(entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER, ip))
+		if extLocal {
+			t.sets.add(entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_LOCAL, ip))
+		}
+		if len(ranges) == 0 {
+			continue
+		}
+		t.sets.add(entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_FW, ip))
+		for _, r := range ranges {
+			e := entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_SOURCE_CIDR, ip)
+			e.Net = r.String()
+			t.sets.add(e)
+		}
+		if fromNode {
+			// Traffic from the node itself to the LB IP bound on
+			// kube-ipvs0 has the LB IP as its source address.
+			e := entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_SOURCE_IP, ip)
+			e.Ip2 = ip.String()
+			t.sets.add(e)
+		}
+	}
+
+	if sp.NodePort != 0 {
+		vs := newVirtualServer(svc, sp, fam)
+		vs.Kind = vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_NODE_PORT
+		vs.NodePortAddresses = true
+		vs.Port = uint32(sp.NodePort)
+		vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_NONE
+		vs.TrafficPolicy = policy(extPolicy)
+		vs.RealServers, vs.Reject = cloneRealServers(rs), reject
+		if t.add(vs, fmt.Sprintf("port %s nodePort %d", portName, sp.NodePort)) {
+			for _, set := range nodePortSets(sp.Protocol, extLocal) {
+				e := &vsplanev1.IPSetEntry{Set: set, Family: f, Port: uint32(sp.NodePort)}
+				if sp.Protocol == model.SCTP {
+					// hash:ip,port: one entry per NodePort address, expanded by the agent.
+					e.Protocol, e.NodePortAddresses = pr, true
+				}
+				t.sets.add(e)
+			}
+		}
+	}
+}
+
+// nodePortSets returns the sets a NodePort of protocol p goes in.
+func nodePortSets(p model.Protocol, local bool) []vsplanev1.IPSet {
+	var all, loc vsplanev1.IPSet
+	switch p {
+	case model.TCP:
+		all, loc = vsplanev1.IPSet_IP_SET_NODE_PORT_TCP, vsplanev1.IPSet_IP_SET_NODE_PORT_LOCAL_TCP
+	case model.UDP:
+		all, loc = vsplanev1.IPSet_IP_SET_NODE_PORT_UDP, vsplanev1.IPSet_IP_SET_NODE_PORT_LOCAL_UDP
+	case model.SCTP:
+		all, loc = vsplanev1.IPSet_IP_SET_NODE_PORT_SCTP_HASH, vsplanev1.IPSet_IP_SET_NODE_PORT_LOCAL_SCTP_HASH
+	default:
+		return nil
+	}
+	if local {
+		return []vsplanev1.IPSet{all, loc}
+	}
+	return []vsplanev1.IPSet{all}
+}
+
+// isNodePortAddress reports whether ip is one of the node's addresses that
+// NodePorts are served on (Config.NodePortAddresses; empty = all).
+func (t *translation) isNodePortAddress(ip netip.Addr) bool {
+	if !slices.Contains(t.node.Addresses, ip) {
+		return false
+	}
+	if len(t.cfg.NodePortAddresses) == 0 {
+		return true
+	}
+	return slices.ContainsFunc(t.cfg.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(ip) })
+}
+
+func portLabel(sp model.ServicePort) string {
+	name := sp.Name
+	if name == "" {
+		name = strconv.Itoa(int(sp.Port))
+	}
+	return name + "/" + sp.Protocol.String()
+}
+
+func cloneRealServers(in []*vsplanev1.RealServer) []*vsplanev1.RealServer {
+	if in == nil {
+		return nil
+	}
+	out := make([]*vsplanev1.RealServer, len(in))
+	for i, r := range in {
+		out[i] = proto.Clone(r).(*vsplanev1.RealServer)
+	}
+	return out
 }
 
 // newVirtualServer fills what every kind of virtual server of a port shares.
@@ -132,85 +295,6 @@ func newVirtualServer(svc *model.Service, sp model.ServicePort, fam model.Family
 		vs.PersistenceTimeoutSeconds = svc.StickyTimeoutSeconds
 	}
 	return vs
-}
-
-// pick chooses the real servers for a virtual server under policy p.
-// Cluster: the ready endpoints. Local: the local ready endpoints; if there is
-// none, reject (kube-proxy IPVS falls back to all endpoints, kubernetes#97081;
-// like the nftables proxier we do not).
-func pick(eps []endpoint, p model.TrafficPolicy) ([]*vsplanev1.RealServer, bool) {
-	var out []*vsplanev1.RealServer
-	for i := range eps {
-		e := &eps[i]
-		if !e.ready || (p == model.PolicyLocal && !e.local) {
-			continue
-		}
-		out = append(out, &vsplanev1.RealServer{
-			Address: e.addr.String(), Port: uint32(e.port), Weight: 1, Local: e.local,
-			Ready: e.ready, Serving: e.serving, Terminating: e.terminating, Reason: "ready",
-		})
-	}
-	reject := p == model.PolicyLocal && len(out) == 0
-	return out, reject
-}
-
-// endpoint is one endpoint of one Service port.
-type endpoint struct {
-	addr                        netip.Addr
-	port                        uint16
-	ready, serving, terminating bool
-	local                       bool
-	nodeName, zone              string
-	forZones, forNodes          []string
-}
-
-// endpointsFor returns the endpoints of port sp in family fam, deduplicated by
-// address:port and sorted. Slices are visited in name order; a duplicate
-// replaces an earlier one unless it is terminating (kube-proxy prefers the
-// non-terminating copy of an endpoint seen in two slices).
-func endpointsFor(sl []*model.EndpointSlice, fam model.Family, sp model.ServicePort, nodeName string) []endpoint {
-	ordered := make([]*model.EndpointSlice, 0, len(sl))
-	for _, s := range sl {
-		if s.Family == fam {
-			ordered = append(ordered, s)
-		}
-	}
-	slices.SortFunc(ordered, func(a, b *model.EndpointSlice) int { return cmp.Compare(a.Key.Name, b.Key.Name) })
-	type ap struct {
-		a netip.Addr
-		p uint16
-	}
-	idx := map[ap]int{}
-	var out []endpoint
-	for _, s := range ordered {
-		for _, p := range s.Ports {
-			if p.Name != sp.Name || p.Protocol != sp.Protocol {
-				continue
-			}
-			for i := range s.Endpoints {
-				e := &s.Endpoints[i]
-				ep := endpoint{addr: e.Address, port: p.Port, ready: e.Ready, serving: e.Serving, terminating: e.Terminating,
-					local: nodeName != "" && e.NodeName == nodeName, nodeName: e.NodeName, zone: e.Zone,
-					forZones: e.ForZones, forNodes: e.ForNodes}
-				k := ap{e.Address, p.Port}
-				if j, dup := idx[k]; dup {
-					if !ep.terminating {
-						out[j] = ep
-					}
-					continue
-				}
-				idx[k] = len(out)
-				out = append(out, ep)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b endpoint) int {
-		if c := a.addr.Compare(b.addr); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.port, b.port)
-	})
-	return out
 }
 
 // ipsetBuilder collects ipset entries without duplicates.
