@@ -27,10 +27,16 @@ import (
 
 // Chain names (kube-proxy's).
 const (
-	ChainServices    = "KUBE-SERVICES"
-	ChainPostrouting = "KUBE-POSTROUTING"
-	ChainMarkMasq    = "KUBE-MARK-MASQ"
-	ChainForward     = "KUBE-FORWARD"
+	ChainServices             = "KUBE-SERVICES"
+	ChainPostrouting          = "KUBE-POSTROUTING"
+	ChainNodePort             = "KUBE-NODE-PORT" // in nat and in filter
+	ChainLoadBalancer         = "KUBE-LOAD-BALANCER"
+	ChainMarkMasq             = "KUBE-MARK-MASQ"
+	ChainForward              = "KUBE-FORWARD"
+	ChainProxyFirewall        = "KUBE-PROXY-FIREWALL"
+	ChainSourceRangesFirewall = "KUBE-SOURCE-RANGES-FIREWALL"
+	ChainIPVSFilter           = "KUBE-IPVS-FILTER"
+	ChainIPVSOutFilter        = "KUBE-IPVS-OUT-FILTER"
 )
 
 // DefaultMasqueradeBit is kube-proxy's default --iptables-masquerade-bit.
@@ -144,32 +150,6 @@ type builder struct {
 	tables []Table
 }
 
-// tableChains declares our chains per table, in payload order. Issue 4 adds
-// KUBE-NODE-PORT, KUBE-LOAD-BALANCER (nat) and KUBE-NODE-PORT,
-// KUBE-PROXY-FIREWALL, KUBE-SOURCE-RANGES-FIREWALL, KUBE-IPVS-FILTER,
-// KUBE-IPVS-OUT-FILTER (filter) here and a section below.
-var tableChains = []struct {
-	table  kernel.Table
-	chains []string
-}{
-	{kernel.TableFilter, []string{ChainForward}},
-	{kernel.TableNAT, []string{ChainServices, ChainPostrouting, ChainMarkMasq}},
-}
-
-// sections write the rules in kube-proxy's order (writeIptablesRules):
-// localhost dismissal, set-driven rules, ClusterIP masquerade, ACCEPT for IPVS traffic, forward
-// rules, postrouting masquerade, mark chain, then the jumps.
-var sections = []func(*builder){
-	(*builder).dismissLocalhost,
-	(*builder).setRules,
-	(*builder).clusterIPRules,
-	(*builder).acceptIPVSTraffic,
-	(*builder).forwardRules,
-	(*builder).postroutingRules,
-	(*builder).markMasqRules,
-	(*builder).jumpRules,
-}
-
 func newBuilder(in Input) *builder {
 	bit := uint32(1) << in.MasqueradeBit
 	b := &builder{
@@ -185,106 +165,6 @@ func newBuilder(in Input) *builder {
 
 func (b *builder) add(t kernel.Table, chain string, parts ...string) {
 	b.rules[t][chain] = append(b.rules[t][chain], strings.Join(parts, " "))
-}
-
-// comment renders a comment match the way iptables-save prints it: quoted
-// when it contains spaces.
-func comment(text string) string {
-	if strings.ContainsAny(text, " \t'\"") {
-		return `-m comment --comment "` + text + `"`
-	}
-	return "-m comment --comment " + text
-}
-
-func (b *builder) setName(s Set) string { return s.Name(b.in.Family) }
-
-// dismissLocalhost returns connections from loopback early, as kube-proxy
-// does: IPVS cannot serve them (route_localnet is not set for IPVS).
-func (b *builder) dismissLocalhost() {
-	lo := "127.0.0.0/8"
-	if b.in.Family == kernel.FamilyIPv6 {
-		lo = "::1/128"
-	}
-	b.add(kernel.TableNAT, ChainServices, "-s", lo, "-j RETURN")
-}
-
-// setRules are kube-proxy's ipsetWithIptablesChain rules for the sets this
-// issue supports: only the hairpin masquerade of KUBE-LOOP-BACK.
-func (b *builder) setRules() {
-	if b.in.NonEmpty.Has(SetLoopBack) {
-		b.add(kernel.TableNAT, ChainPostrouting, comment(SetLoopBack.Comment()),
-			"-m set --match-set", b.setName(SetLoopBack), "dst,dst,src", "-j MASQUERADE")
-	}
-}
-
-// clusterIPRules marks traffic to a ClusterIP for masquerading when it does
-// not come from a pod (or always with MasqueradeAll).
-func (b *builder) clusterIPRules() {
-	if !b.in.NonEmpty.Has(SetClusterIP) {
-		return
-	}
-	match := []string{comment(SetClusterIP.Comment()), "-m set --match-set", b.setName(SetClusterIP)}
-	switch {
-	case b.in.MasqueradeAll:
-		b.add(kernel.TableNAT, ChainServices, append(match, "dst,dst", "-j", ChainMarkMasq)...)
-	case b.in.ClusterCIDR.IsValid():
-		// iptables-save prints the source match first.
-		src := "! -s " + b.in.ClusterCIDR.Masked().String()
-		b.add(kernel.TableNAT, ChainServices, append(append([]string{src}, match...), "dst,dst", "-j", ChainMarkMasq)...)
-	default:
-		// No way to tell pod traffic: masquerade traffic whose source is a
-		// VIP (node-originated connections pick the VIP on kube-ipvs0).
-		b.add(kernel.TableNAT, ChainServices, append(match, "src,dst", "-j", ChainMarkMasq)...)
-	}
-}
-
-// acceptIPVSTraffic accepts traffic to virtual servers so later rules
-// cannot block it; it must stay at the end of KUBE-SERVICES.
-func (b *builder) acceptIPVSTraffic() {
-	for _, s := range []Set{SetClusterIP, SetLoadBalancer} {
-		if b.in.NonEmpty.Has(s) {
-			b.add(kernel.TableNAT, ChainServices, "-m set --match-set", b.setName(s), "dst,dst", "-j ACCEPT")
-		}
-	}
-}
-
-func (b *builder) forwardRules() {
-	if !b.in.ConntrackTCPLiberal {
-		// kubernetes#74839: INVALID packets would reset connections.
-		b.add(kernel.TableFilter, ChainForward, "-m conntrack --ctstate INVALID -j DROP")
-	}
-	b.add(kernel.TableFilter, ChainForward, comment("kubernetes forwarding rules"), "-m mark --mark", b.mark, "-j ACCEPT")
-	b.add(kernel.TableFilter, ChainForward, comment("kubernetes forwarding conntrack rule"),
-		"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT")
-}
-
-func (b *builder) postroutingRules() {
-	bit := b.mark[:strings.IndexByte(b.mark, '/')]
-	b.add(kernel.TableNAT, ChainPostrouting, "-m mark ! --mark", b.mark, "-j RETURN")
-	// Clear the mark (--xor-mark) so a re-traversing packet is not
-	// masqueraded twice.
-	b.add(kernel.TableNAT, ChainPostrouting, "-j MARK --set-xmark", bit+"/0x0")
-	masq := []string{comment("kubernetes service traffic requiring SNAT"), "-j MASQUERADE"}
-	if b.in.RandomFully {
-		masq = append(masq, "--random-fully")
-	}
-	b.add(kernel.TableNAT, ChainPostrouting, masq...)
-}
-
-func (b *builder) markMasqRules() {
-	// --or-mark, as iptables-save prints it.
-	b.add(kernel.TableNAT, ChainMarkMasq, "-j MARK --set-xmark", b.mark)
-}
-
-// jumpRules are kube-proxy's iptablesJumpChain entries for our chains.
-func (b *builder) jumpRules() {
-	portals := comment("kubernetes service portals") + " -j " + ChainServices
-	b.jumps = append(b.jumps,
-		Jump{kernel.TableNAT, "OUTPUT", portals},
-		Jump{kernel.TableNAT, "PREROUTING", portals},
-		Jump{kernel.TableNAT, "POSTROUTING", comment("kubernetes postrouting rules") + " -j " + ChainPostrouting},
-		Jump{kernel.TableFilter, "FORWARD", comment("kubernetes forwarding rules") + " -j " + ChainForward},
-	)
 }
 
 func (b *builder) ruleset() Ruleset {

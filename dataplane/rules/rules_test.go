@@ -19,14 +19,42 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 var cluster4 = netip.MustParsePrefix("198.19.0.0/16")
 
+var (
+	cluster6 = netip.MustParsePrefix("2001:2:0:100::/56")
+	allSets  = func() SetMask {
+		var m SetMask
+		for _, s := range AllSets() {
+			m = m.With(s)
+		}
+		return m
+	}()
+	// noNodeAccess4 lists one LB twice (duplicates render once) and out of
+	// order (rendered sorted).
+	noNodeAccess4 = []VirtualPort{
+		{netip.MustParseAddr("198.18.200.2"), 443, kernel.ProtocolSCTP},
+		{netip.MustParseAddr("198.18.200.1"), 80, kernel.ProtocolTCP},
+		{netip.MustParseAddr("198.18.200.1"), 80, kernel.ProtocolTCP},
+		{netip.MustParseAddr("198.18.200.1"), 53, kernel.ProtocolUDP},
+	}
+	noNodeAccess6 = []VirtualPort{{netip.MustParseAddr("2001:2:0:1::c8"), 80, kernel.ProtocolTCP}}
+)
+
 func goldenCases() map[string]Input {
 	both := SetMask(0).With(SetClusterIP).With(SetLoopBack)
+	v4 := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDR: cluster4, RandomFully: true}
+	with := func(in Input, f func(*Input)) Input { f(&in); return in }
 	return map[string]Input{
-		"ipv4_empty":         {Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDR: cluster4, RandomFully: true},
-		"ipv4_clusterip":     {Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDR: cluster4, RandomFully: true, NonEmpty: both},
-		"ipv4_masq_all":      {Family: kernel.FamilyIPv4, MasqueradeBit: 14, MasqueradeAll: true, NonEmpty: both},
-		"ipv4_no_cidr":       {Family: kernel.FamilyIPv4, MasqueradeBit: 14, NonEmpty: SetMask(0).With(SetClusterIP), ConntrackTCPLiberal: true},
-		"ipv6_clusterip":     {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: netip.MustParsePrefix("2001:2:0:100::/56"), RandomFully: true, NonEmpty: both},
+		"ipv4_empty":     v4,
+		"ipv4_clusterip": with(v4, func(in *Input) { in.NonEmpty = both }),
+		"ipv4_all_sets": with(v4, func(in *Input) {
+			in.NonEmpty, in.LoadBalancerNoNodeAccess = allSets, noNodeAccess4
+		}),
+		"ipv6_all_sets": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster6, RandomFully: true,
+			NonEmpty: allSets, LoadBalancerNoNodeAccess: noNodeAccess6},
+		"ipv4_masq_all":      {Family: kernel.FamilyIPv4, MasqueradeBit: 14, MasqueradeAll: true, NonEmpty: allSets},
+		"ipv4_no_cidr":       {Family: kernel.FamilyIPv4, MasqueradeBit: 14, NonEmpty: allSets},
+		"ipv4_liberal":       with(v4, func(in *Input) { in.NonEmpty, in.ConntrackTCPLiberal = both, true }),
+		"ipv6_clusterip":     {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster6, RandomFully: true, NonEmpty: both},
 		"ipv4_bit0_no_fully": {Family: kernel.FamilyIPv4, MasqueradeBit: 0, ClusterCIDR: cluster4, NonEmpty: both},
 	}
 }
@@ -75,25 +103,30 @@ func TestRenderRules(t *testing.T) {
 		chain string
 		want  []string
 	}{
-		{"empty sets: only the localhost dismissal", base, ChainServices, []string{"-s 127.0.0.0/8 -j RETURN"}},
+		{"empty sets: only the localhost dismissal and the NodePort jump", base, ChainServices, []string{
+			"-s 127.0.0.0/8 -j RETURN", "-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT"}},
 		{"cluster ip not from pods", withCIP, ChainServices, []string{
 			`-s 127.0.0.0/8 -j RETURN`,
 			`! -s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
+			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"masquerade all", masqAll, ChainServices, []string{
 			`-s 127.0.0.0/8 -j RETURN`,
 			`-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
+			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"no cluster cidr", noCIDR, ChainServices, []string{
 			`-s 127.0.0.0/8 -j RETURN`,
 			`-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ`,
+			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"ipv6 set names", v6, ChainServices, []string{
 			`-s ::1/128 -j RETURN`,
 			`! -s 2001:2::/64 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
+			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 			`-m set --match-set KUBE-6-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
 		{"postrouting random-fully", base, ChainPostrouting, []string{
@@ -141,6 +174,12 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		"no family":      {MasqueradeBit: 14},
 		"bit too large":  {Family: kernel.FamilyIPv4, MasqueradeBit: 32},
 		"cidr of family": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster4},
+		"lb of family": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, LoadBalancerNoNodeAccess: noNodeAccess4},
+		"lb port 0": {Family: kernel.FamilyIPv4, LoadBalancerNoNodeAccess: []VirtualPort{
+			{netip.MustParseAddr("198.18.200.1"), 0, kernel.ProtocolTCP}}},
+		"lb protocol": {Family: kernel.FamilyIPv4, LoadBalancerNoNodeAccess: []VirtualPort{
+			{netip.MustParseAddr("198.18.200.1"), 80, kernel.ProtocolUnspecified}}},
+		"lb no address": {Family: kernel.FamilyIPv4, LoadBalancerNoNodeAccess: []VirtualPort{{Port: 80, Protocol: kernel.ProtocolTCP}}},
 	} {
 		if _, err := Render(in); err == nil {
 			t.Errorf("%s: Render accepted %+v", name, in)
@@ -204,7 +243,7 @@ func TestPayloadAppliesAndReadsBack(t *testing.T) {
 		}
 		return out
 	}
-	for _, in := range []Input{goldenCases()["ipv4_clusterip"], goldenCases()["ipv4_empty"], goldenCases()["ipv4_masq_all"]} {
+	for _, in := range []Input{goldenCases()["ipv4_all_sets"], goldenCases()["ipv4_clusterip"], goldenCases()["ipv4_empty"], goldenCases()["ipv4_masq_all"]} {
 		rs, err := Render(in)
 		if err != nil {
 			t.Fatal(err)

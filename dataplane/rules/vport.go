@@ -53,6 +53,11 @@ func NoNodeAccess(fw, sourceIP []kernel.Entry) []VirtualPort {
 			out = append(out, vp)
 		}
 	}
-	slices.SortFunc(out, compareVirtualPorts)
-	return slices.Compact(out)
+	sortCompact(&out)
+	return out
+}
+
+func sortCompact(vps *[]VirtualPort) {
+	slices.SortFunc(*vps, compareVirtualPorts)
+	*vps = slices.Compact(*vps)
 }
