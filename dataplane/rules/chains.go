@@ -42,7 +42,7 @@ var sections = []func(*builder){
 
 // comment renders a comment match the way iptables-save prints it
 // (libxtables' xtables_save_string): bare when made only of letters,
-// digits, '_' and '-'; else in double quotes with '"', '\\' and '\''
+// digits, '_' and '-'; else in double quotes with '"', '\\' and '\”
 // escaped by a backslash (iptables-restore reads that back unescaped).
 func comment(text string) string {
 	bare := text != ""

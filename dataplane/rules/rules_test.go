@@ -174,7 +174,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 		"no family":      {MasqueradeBit: 14},
 		"bit too large":  {Family: kernel.FamilyIPv4, MasqueradeBit: 32},
 		"cidr of family": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster4},
-		"lb of family": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, LoadBalancerNoNodeAccess: noNodeAccess4},
+		"lb of family":   {Family: kernel.FamilyIPv6, MasqueradeBit: 14, LoadBalancerNoNodeAccess: noNodeAccess4},
 		"lb port 0": {Family: kernel.FamilyIPv4, LoadBalancerNoNodeAccess: []VirtualPort{
 			{netip.MustParseAddr("198.18.200.1"), 0, kernel.ProtocolTCP}}},
 		"lb protocol": {Family: kernel.FamilyIPv4, LoadBalancerNoNodeAccess: []VirtualPort{
