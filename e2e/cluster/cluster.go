@@ -53,6 +53,16 @@ type Options struct {
 	AgentArgs string
 	// Zone is the topology.kubernetes.io/zone label of every Node (default zone-a).
 	Zone string
+	// Zones, if set, gives node i (0 = node1) the zone Zones[i] instead
+	// (nodes beyond its length get Zone).
+	Zones []string
+	// IPv6 makes the cluster dual-stack: the apiserver gets an IPv6 Service
+	// range (vm.ServiceNet6), every namespace an IPv6 address (vm.TopologyOptions),
+	// Node objects an IPv6 InternalIP, agents --ipv6, and the IPv6 pod CIDRs
+	// are cluster CIDRs too.
+	IPv6 bool
+	// GoPackages are extra Go packages built (static) into the guest's /usr/local/bin.
+	GoPackages []string
 	// Binaries are extra static host executables put in the guest's /usr/local/bin.
 	Binaries []string
 	// Kube configures etcd + kube-apiserver.
@@ -129,6 +139,15 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.Kube.Logger == nil {
 		opts.Kube.Logger = log.Named("kubeenv")
 	}
+	if opts.IPv6 {
+		// Appended after kubeenv's own flag: the last one wins.
+		svc := opts.Kube.ServiceCIDR
+		if svc == "" {
+			svc = kubeenv.DefaultServiceCIDR
+		}
+		opts.Kube.ExtraAPIServerFlags = append(opts.Kube.ExtraAPIServerFlags,
+			"--service-cluster-ip-range="+svc+","+vm.ServiceNet6)
+	}
 	t0 := time.Now()
 	c.Env, err = kubeenv.Start(ctx, opts.Kube)
 	if err != nil {
@@ -156,7 +175,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		// network address) to a ClusterIP is then masqueraded like kube-proxy
 		// does for off-cluster sources, so replies from other nodes' pods come
 		// back through the node that did the IPVS DNAT.
-		Translate: translate.Config{ClusterCIDRs: podCIDRs(opts.Nodes)},
+		Translate: translate.Config{ClusterCIDRs: podCIDRs(opts.Nodes, opts.IPv6)},
 		Logger:    log.Named("controlplane"),
 	})
 	if err != nil {
@@ -172,7 +191,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	defer cancel()
 	c.VM, err = vm.Boot(bctx, vm.Options{
 		GuestFwdPorts: []int{c.CPPort},
-		GoPackages:    []string{AgentPackage},
+		GoPackages:    append([]string{AgentPackage}, opts.GoPackages...),
 		Binaries:      opts.Binaries,
 		BootTimeout:   opts.VMBootTimeout,
 		Log:           log.Named("vm"),
@@ -195,7 +214,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 
 func (c *Cluster) buildTopology(ctx context.Context) error {
 	var err error
-	if c.Topo, err = vm.NewTopology(ctx, c.VM); err != nil {
+	if c.Topo, err = vm.NewTopologyWith(ctx, c.VM, vm.TopologyOptions{IPv6: c.opts.IPv6}); err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
 	for i := 0; i < c.opts.Nodes; i++ {
@@ -204,7 +223,7 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 			return fmt.Errorf("add node: %w", err)
 		}
 		c.Nodes = append(c.Nodes, n)
-		if _, err := c.Kube.CoreV1().Nodes().Create(ctx, nodeObject(n.Name, n.IP, c.opts.Zone), metav1.CreateOptions{}); err != nil {
+		if _, err := c.Kube.CoreV1().Nodes().Create(ctx, nodeObject(n, c.ZoneOf(i)), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create Node %s: %w", n.Name, err)
 		}
 	}
@@ -221,21 +240,37 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 	return nil
 }
 
-// podCIDRs are the pod networks of nodes 1..n (198.19.N.0/24, as vm.Node.PodCIDR).
-func podCIDRs(n int) []netip.Prefix {
+// podCIDRs are the pod networks of nodes 1..n (198.19.N.0/24, as
+// vm.Node.PodCIDR; with ipv6 also 2001:2:0:(100+N)::/64, as vm.Node.PodCIDR6).
+func podCIDRs(n int, ipv6 bool) []netip.Prefix {
 	var out []netip.Prefix
 	for i := 1; i <= n; i++ {
 		out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 19, byte(i), 0}), 24))
+		if ipv6 {
+			out = append(out, netip.MustParsePrefix(fmt.Sprintf("2001:2:0:%d::/64", 100+i)))
+		}
 	}
 	return out
 }
 
-func nodeObject(name, ip, zone string) *corev1.Node {
+// ZoneOf returns the zone label of node i (0 = node1).
+func (c *Cluster) ZoneOf(i int) string {
+	if i < len(c.opts.Zones) && c.opts.Zones[i] != "" {
+		return c.opts.Zones[i]
+	}
+	return c.opts.Zone
+}
+
+func nodeObject(n *vm.Node, zone string) *corev1.Node {
+	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP}}
+	if n.IP6 != "" {
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: n.IP6})
+	}
 	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			corev1.LabelTopologyZone: zone, corev1.LabelHostname: name,
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{
+			corev1.LabelTopologyZone: zone, corev1.LabelHostname: n.Name,
 		}},
-		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}},
+		Status: corev1.NodeStatus{Addresses: addrs},
 	}
 }
 
@@ -277,6 +312,9 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string) (*vm.Pod, error
 func (c *Cluster) AgentCommand(node string) string {
 	c.mu.Lock()
 	extra := c.opts.AgentArgs
+	if c.opts.IPv6 {
+		extra = "--ipv6 " + extra
+	}
 	c.mu.Unlock()
 	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s:%[3]d --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[4]s --metrics-address '' %[5]s",
 		node, vm.HostLoopIP, c.CPPort, c.opts.ReconcilePeriod, extra)

@@ -51,3 +51,19 @@ func TestParseIPVSADMBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestParseHTTPResponse(t *testing.T) {
+	raw := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nX-Load-Balancing-Endpoint-Weight: 0\r\n\r\n{\"localEndpoints\": 0}"
+	r, err := ParseHTTPResponse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != 503 || r.Header.Get("Content-Type") != "application/json" || r.Header.Get("X-Load-Balancing-Endpoint-Weight") != "0" || r.Body != `{"localEndpoints": 0}` {
+		t.Fatalf("parsed %+v", r)
+	}
+	for _, bad := range []string{"", "garbage\r\n\r\n", "HTTP/1.1 abc\r\n\r\n"} {
+		if _, err := ParseHTTPResponse(bad); err == nil {
+			t.Errorf("ParseHTTPResponse(%q): no error", bad)
+		}
+	}
+}

@@ -1,0 +1,213 @@
+// Command sctphelper is e2ehelper's SCTP counterpart for the VM test bed
+// (busybox has no SCTP tool, Go's net package has no SCTP). It uses one-to-one
+// style SCTP sockets (SOCK_STREAM, IPPROTO_SCTP) through raw syscalls:
+//
+//	sctphelper serve   --name NAME --addr :PORT
+//	sctphelper request --addr HOST:PORT [--count N] [--timeout D]
+//
+// serve answers each association with "NAME from IP:PORT\n" (the peer as the
+// server saw it) and closes it; it prints "ready" once it listens. request
+// prints one line per attempt and a final wire.Summary line like e2ehelper
+// request (answers per backend name); it exits 1 if any attempt failed.
+// IPv4 only.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vsplane/vsplane/e2e/vm/wire"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: sctphelper serve|request [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:], os.Stdout)
+	case "request":
+		err = request(os.Args[2:], os.Stdout)
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sctphelper:", err)
+		os.Exit(1)
+	}
+}
+
+func serve(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	name := fs.String("name", "", "name to answer with (required)")
+	addr := fs.String("addr", ":8080", "address to listen on (IPv4; empty host = any)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *name == "" {
+		return errors.New("serve needs --name")
+	}
+	sa, err := sockaddr(*addr)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+	if err != nil {
+		return fmt.Errorf("SCTP socket (is the sctp module there?): %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return err
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fmt.Errorf("bind %s: %w", *addr, err)
+	}
+	if err := unix.Listen(fd, 128); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s serving sctp %s\nready\n", *name, *addr)
+	// SIGTERM ends the process; the kernel aborts open associations.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			nfd, peer, err := unix.Accept(fd)
+			if err != nil {
+				if errors.Is(err, unix.EINTR) || errors.Is(err, unix.ECONNABORTED) {
+					continue
+				}
+				errc <- fmt.Errorf("accept: %w", err)
+				return
+			}
+			go answer(nfd, *name, peer)
+		}
+	}()
+	select {
+	case <-sig:
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+func answer(fd int, name string, peer unix.Sockaddr) {
+	defer unix.Close(fd)
+	msg := fmt.Sprintf("%s from %s\n", name, sockaddrString(peer))
+	_, _ = unix.Write(fd, []byte(msg))
+	// Let the client read and close first (graceful SHUTDOWN either way).
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
+	buf := make([]byte, 64)
+	_, _ = unix.Read(fd, buf)
+}
+
+func request(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("request", flag.ContinueOnError)
+	addr := fs.String("addr", "", "HOST:PORT (IPv4) to connect to (required)")
+	count := fs.Int("count", 1, "number of requests (1..10000)")
+	timeout := fs.Duration("timeout", 2*time.Second, "timeout of each connect and read")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *addr == "" || *count < 1 || *count > 10000 || *timeout <= 0 {
+		return errors.New("request needs --addr, 1 <= --count <= 10000, --timeout > 0")
+	}
+	sa, err := sockaddr(*addr)
+	if err != nil {
+		return err
+	}
+	sum := wire.Summary{Backends: map[string]int{}}
+	for i := 1; i <= *count; i++ {
+		line, err := once(sa, *timeout)
+		if err != nil {
+			sum.Fail++
+			fmt.Fprintf(out, "%d fail: %v\n", i, err)
+			continue
+		}
+		sum.OK++
+		if f := strings.Fields(line); len(f) > 0 {
+			sum.Backends[f[0]]++
+		}
+		fmt.Fprintf(out, "%d ok %s\n", i, line)
+	}
+	data, err := json.Marshal(sum)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s%s\n", wire.SummaryPrefix, data)
+	if sum.Fail > 0 {
+		return fmt.Errorf("%d of %d requests failed", sum.Fail, *count)
+	}
+	return nil
+}
+
+// once makes one association, reads the answer line and closes.
+func once(sa unix.Sockaddr, timeout time.Duration) (string, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+	if err != nil {
+		return "", fmt.Errorf("SCTP socket (is the sctp module there?): %w", err)
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	// SO_SNDTIMEO bounds a blocking connect too (sctp_wait_for_connect).
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+		return "", err
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return "", err
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		return "", fmt.Errorf("connect: %w", err)
+	}
+	var got []byte
+	buf := make([]byte, 256)
+	for !strings.Contains(string(got), "\n") {
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return "", fmt.Errorf("read answer: %w", err)
+		}
+		if n == 0 {
+			return "", fmt.Errorf("read answer: closed after %q", got)
+		}
+		got = append(got, buf[:n]...)
+	}
+	line, _, _ := strings.Cut(string(got), "\n")
+	return strings.TrimSpace(line), nil
+}
+
+func sockaddr(addr string) (*unix.SockaddrInet4, error) {
+	if strings.HasPrefix(addr, ":") {
+		addr = "0.0.0.0" + addr
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("bad address %q: %w", addr, err)
+	}
+	if !ap.Addr().Is4() {
+		return nil, fmt.Errorf("address %q: only IPv4 is supported", addr)
+	}
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, nil
+}
+
+func sockaddrString(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	default:
+		return fmt.Sprintf("%v", sa)
+	}
+}
