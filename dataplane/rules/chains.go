@@ -42,8 +42,9 @@ var sections = []func(*builder){
 
 // comment renders a comment match the way iptables-save prints it
 // (libxtables' xtables_save_string): bare when made only of letters,
-// digits, '_' and '-'; else in double quotes with '"', '\\' and '\”
-// escaped by a backslash (iptables-restore reads that back unescaped).
+// digits, '_' and '-'; else in double quotes, with double quote, backslash
+// and single quote escaped by a backslash (iptables-restore reads that back
+// unescaped).
 func comment(text string) string {
 	bare := text != ""
 	for _, r := range text {
