@@ -86,7 +86,8 @@ type translation struct {
 }
 
 type vsKey struct {
-	addr  string // "" with nodePort for NodePort markers
+	fam   vsplanev1.IPFamily
+	addr  string // "" for NodePort markers (nodes true)
 	nodes bool
 	port  uint32
 	proto vsplanev1.Protocol
@@ -102,7 +103,7 @@ func (t *translation) problem(format string, args ...any) {
 // add appends vs unless an earlier virtual server of this Service has the
 // same address, port and protocol; what names vs in the problem.
 func (t *translation) add(vs *vsplanev1.VirtualServer, what string) bool {
-	k := vsKey{vs.Address, vs.NodePortAddresses, vs.Port, vs.Protocol}
+	k := vsKey{vs.Family, vs.Address, vs.NodePortAddresses, vs.Port, vs.Protocol}
 	if prev, dup := t.seen[k]; dup {
 		t.problem("%s: same virtual server as %s; not programmed twice", what, prev)
 		return false
