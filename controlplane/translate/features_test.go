@@ -187,7 +187,7 @@ func featureCases() []featureCase {
 		s.ExternalIPs = []netip.Addr{ip("198.19.0.11"), ip("198.18.100.7")}
 	})
 	altSlice := &model.EndpointSlice{Key: model.SliceKey{Namespace: "default", Name: "web-alt"}, Service: web.Key, Family: model.IPv4,
-		Ports: []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}, {Name: "alt", Protocol: model.TCP, Port: 8080}},
+		Ports:     []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}, {Name: "alt", Protocol: model.TCP, Port: 8080}},
 		Endpoints: []model.Endpoint{readyN2}}
 	alt := func(vs *pb.VirtualServer) *pb.VirtualServer { vs.PortName = "alt"; return vs }
 	extIsLB := service(func(s *model.Service) {
@@ -374,7 +374,7 @@ func featureCases() []featureCase {
 	}, {
 		name: "same collision outside nodePortAddresses: no problem",
 		in:   Input{Service: npOnNode, Slices: []*model.EndpointSlice{altSlice}}, node: fn1,
-		cfg:  Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.19.0.12/32")}},
+		cfg: Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.19.0.12/32")}},
 		want: &pb.ServiceState{Namespace: "default", Name: "web",
 			VirtualServers: []*pb.VirtualServer{
 				cip(rs("198.19.2.5", 8080, false)),
