@@ -37,13 +37,24 @@ type desiredVS struct {
 	vs      kernel.VirtualServer // Scheduler "" means the node default
 	dests   []kernel.Destination // sorted by key, unique
 	binding vsplanev1.AddressBinding
+	// nodePort: expanded from a node_port_addresses marker (nodeport.go);
+	// an explicit virtual server with the same key wins over it.
+	nodePort bool
+	// reject: a Local traffic policy without local endpoints; programmed
+	// with no destinations so IPVS itself refuses the traffic.
+	reject bool
 }
 
 // kernelVS is the server to program, with the default scheduler filled.
+// With the mh scheduler the mh-port flag is added, as kube-proxy does
+// (hash on source port too), so a default-scheduler change needs no resend.
 func (d desiredVS) kernelVS(defaultScheduler string) kernel.VirtualServer {
 	vs := d.vs
 	if vs.Scheduler == "" {
 		vs.Scheduler = defaultScheduler
+	}
+	if vs.Scheduler == "mh" {
+		vs.Flags |= kernel.FlagMHPort
 	}
 	return vs.Normalize()
 }
@@ -57,7 +68,10 @@ type settings struct {
 	masqueradeBit    uint8
 	clusterCIDRs     []netip.Prefix
 	excludeCIDRs     []netip.Prefix
-	reconcilePeriod  uint32 // seconds, 0 = agent default
+	// nodePortCIDRs select the NodePort addresses (empty: all).
+	nodePortCIDRs   []netip.Prefix
+	reconcilePeriod uint32 // seconds, 0 = agent default
+	nodeDeleting    bool
 }
 
 // defaultSettings apply until a node/settings resource arrives.
@@ -74,6 +88,12 @@ type resourceState struct {
 	// problems are content errors found while compiling; the rest of the
 	// resource is applied, but it is NACKed and not retried.
 	problems []string
+	// tmpl holds the node_port_addresses markers and the explicit content;
+	// nil when the resource has no marker. vss, entries and problems are
+	// then the expansion over the current NodePort addresses (expand).
+	tmpl *templates
+	// health is the Service's health-check node port (nil: none).
+	health *HealthCheck
 }
 
 // compile turns a wire resource into its kernel-level desired state. It
@@ -125,7 +145,9 @@ func compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings) settings {
 	}
 	s.clusterCIDRs = parsePrefixes(rs, "cluster_cidrs", ns.GetClusterCidrs())
 	s.excludeCIDRs = parsePrefixes(rs, "exclude_cidrs", ns.GetExcludeCidrs())
+	s.nodePortCIDRs = parsePrefixes(rs, "node_port_addresses", ns.GetNodePortAddresses())
 	s.reconcilePeriod = ns.GetReconcilePeriodSeconds()
+	s.nodeDeleting = ns.GetNodeDeleting()
 	return s
 }
 
@@ -143,10 +165,27 @@ func parsePrefixes(rs *resourceState, field string, in []string) []netip.Prefix 
 }
 
 func compileService(rs *resourceState, svc *vsplanev1.ServiceState, families familySet) {
+	tm := &templates{}
+	if p := svc.GetHealthCheckNodePort(); p != 0 {
+		if p > 65535 {
+			rs.problem("health_check_node_port %d out of range 1..65535", p)
+		} else {
+			rs.health = &HealthCheck{Resource: rs.name, Namespace: svc.GetNamespace(), Name: svc.GetName(),
+				Port: uint16(p), LocalEndpoints: int(svc.GetLocalEndpoints())}
+		}
+	}
 	for i, v := range svc.GetVirtualServers() {
 		d, err := compileVS(v, families)
 		if err != nil {
 			rs.problem("virtual_servers[%d] (%s %s:%d): %v", i, v.GetProtocol(), v.GetAddress(), v.GetPort(), err)
+			continue
+		}
+		if v.GetNodePortAddresses() {
+			if slices.ContainsFunc(tm.vss, func(o desiredVS) bool { return o.vs.Key == d.vs.Key }) {
+				rs.problem("virtual_servers[%d]: duplicate NodePort virtual server %v/%d", i, d.vs.Key.Protocol, d.vs.Key.Port)
+				continue
+			}
+			tm.vss = append(tm.vss, d)
 			continue
 		}
 		if _, dup := rs.vss[d.vs.Key]; dup {
@@ -164,22 +203,45 @@ func compileService(rs *resourceState, svc *vsplanev1.ServiceState, families fam
 		}
 		if !seen[ek] {
 			seen[ek] = true
-			rs.entries = append(rs.entries, ek)
+			if e.GetNodePortAddresses() {
+				tm.entries = append(tm.entries, ek)
+			} else {
+				rs.entries = append(rs.entries, ek)
+			}
 		}
+	}
+	if len(tm.vss) > 0 || len(tm.entries) > 0 {
+		tm.base = &resourceState{name: rs.name, version: rs.version, vss: rs.vss, entries: rs.entries,
+			problems: rs.problems, health: rs.health}
+		rs.tmpl = tm
 	}
 }
 
+// compileVS compiles one virtual server. A node_port_addresses marker
+// comes back as a template: Key.Address is the zero Addr and Key.Family
+// the marker's family (expand fills the address in).
 func compileVS(v *vsplanev1.VirtualServer, families familySet) (desiredVS, error) {
+	var addr netip.Addr
 	if v.GetNodePortAddresses() {
-		// Expansion over the node's NodePort addresses comes with NodePort
-		// support; refuse loudly rather than program half a service.
-		return desiredVS{}, fmt.Errorf("node_port_addresses virtual servers are not supported yet")
+		if v.GetAddress() != "" {
+			return desiredVS{}, fmt.Errorf("node_port_addresses virtual server with address %q (must be empty)", v.GetAddress())
+		}
+		// Validate as if on the family's unspecified address.
+		switch v.GetFamily() {
+		case vsplanev1.IPFamily_IP_FAMILY_IPV4:
+			addr = netip.IPv4Unspecified()
+		case vsplanev1.IPFamily_IP_FAMILY_IPV6:
+			addr = netip.IPv6Unspecified()
+		default:
+			return desiredVS{}, fmt.Errorf("node_port_addresses virtual server without family")
+		}
+	} else {
+		var err error
+		if addr, err = netip.ParseAddr(v.GetAddress()); err != nil {
+			return desiredVS{}, fmt.Errorf("address: %v", err)
+		}
+		addr = addr.Unmap()
 	}
-	addr, err := netip.ParseAddr(v.GetAddress())
-	if err != nil {
-		return desiredVS{}, fmt.Errorf("address: %v", err)
-	}
-	addr = addr.Unmap()
 	fam := kernel.FamilyOf(addr)
 	if err := checkFamily(v.GetFamily(), fam, families); err != nil {
 		return desiredVS{}, err
@@ -209,9 +271,20 @@ func compileVS(v *vsplanev1.VirtualServer, families familySet) (desiredVS, error
 	if err := check.Validate(); err != nil {
 		return desiredVS{}, err
 	}
-	d := desiredVS{vs: vs, binding: v.GetBinding()}
+	d := desiredVS{vs: vs, binding: v.GetBinding(), reject: v.GetReject()}
 	if d.binding == vsplanev1.AddressBinding_ADDRESS_BINDING_UNSPECIFIED {
 		d.binding = defaultBinding(v.GetKind())
+	}
+	if v.GetNodePortAddresses() {
+		// NodePort addresses already belong to the node: never bound.
+		if d.binding != vsplanev1.AddressBinding_ADDRESS_BINDING_NONE {
+			return desiredVS{}, fmt.Errorf("node_port_addresses virtual server with binding %v (must be NONE)", d.binding)
+		}
+		d.vs.Key.Address = netip.Addr{}
+	}
+	if d.reject && len(v.GetRealServers()) > 0 {
+		// reject means "no usable endpoint": real servers contradict it.
+		return desiredVS{}, fmt.Errorf("reject with %d real servers (must have none)", len(v.GetRealServers()))
 	}
 	seen := map[kernel.DestinationKey]bool{}
 	for _, r := range v.GetRealServers() {
@@ -317,7 +390,7 @@ func compileEntry(e *vsplanev1.IPSetEntry, families familySet) (entryKey, error)
 		return entryKey{}, fmt.Errorf("unknown set %v", e.GetSet())
 	}
 	if e.GetNodePortAddresses() {
-		return entryKey{}, fmt.Errorf("%v: node_port_addresses entries are not supported yet", set)
+		return compileEntryTemplate(set, e, families)
 	}
 	var ke kernel.Entry
 	var err error

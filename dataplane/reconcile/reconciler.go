@@ -114,6 +114,7 @@ type Reconciler struct {
 	failed     map[string]failure
 	programmed map[kernel.VirtualServerKey]struct{}
 	rec        record // what the kernel holds, for incremental passes
+	npAddrs    nodePortAddrs // NodePort addresses the markers are expanded over
 	lastRules  map[kernel.Family][]byte
 	globalErrs []string
 	retryN     int
@@ -202,7 +203,7 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 			badNames = append(badNames, &vsplanev1.ResourceError{Version: res.GetVersion(), Message: "resource without a name"})
 			continue
 		}
-		rs := compile(res, r.families)
+		rs := compile(res, r.families).expand(r.npAddrs)
 		_, failed := r.failed[name]
 		oldApplied := !failed && r.applied[name] != ""
 		old := r.store.put(name, rs)
@@ -233,6 +234,18 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	}
 
 	p := r.newPass(ctx)
+	// NodePort markers follow the node's addresses and the settings'
+	// CIDRs: re-expand when either changed (reads addresses only when some
+	// resource has markers).
+	npNames, npOlds := r.refreshNodePort(p)
+	for i, name := range npNames {
+		_, failed := r.failed[name]
+		t.addChange(name, npOlds[i], r.store.res[name], !failed && r.applied[name] == npOlds[i].version)
+		if !inDelta[name] {
+			changed = append(changed, name)
+			inDelta[name] = true
+		}
+	}
 	first := !r.synced
 	r.synced = true
 	if first {
@@ -265,6 +278,8 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	evaluate := changed
 	if first {
 		evaluate = slices.Collect(maps.Keys(r.store.res))
+	} else {
+		evaluate = r.recheck(t, evaluate, inDelta)
 	}
 	if len(p.errs) > 0 {
 		seen := make(map[string]bool, len(evaluate))
@@ -309,7 +324,29 @@ func settingsEqual(a, b settings) bool {
 	return a.defaultScheduler == b.defaultScheduler && a.timeouts == b.timeouts && a.strictARP == b.strictARP &&
 		a.masqueradeAll == b.masqueradeAll && a.masqueradeBit == b.masqueradeBit &&
 		slices.Equal(a.clusterCIDRs, b.clusterCIDRs) && slices.Equal(a.excludeCIDRs, b.excludeCIDRs) &&
-		a.reconcilePeriod == b.reconcilePeriod
+		slices.Equal(a.nodePortCIDRs, b.nodePortCIDRs) && a.reconcilePeriod == b.reconcilePeriod &&
+		a.nodeDeleting == b.nodeDeleting
+}
+
+// recheck adds to evaluate the other owners of touched virtual servers
+// whose outcome may depend on them (NodePort collisions): resources that
+// share a key, or that failed on content. Resources waiting for a retry of
+// a kernel error are left to that retry.
+func (r *Reconciler) recheck(t *touched, evaluate []string, in map[string]bool) []string {
+	for key := range t.vss {
+		owners := r.store.vsOwners[key]
+		for _, o := range owners {
+			if in[o] {
+				continue
+			}
+			f, failed := r.failed[o]
+			if (len(owners) > 1 && !failed) || (failed && !f.retryable) {
+				in[o] = true
+				evaluate = append(evaluate, o)
+			}
+		}
+	}
+	return evaluate
 }
 
 // touchedPass applies only the touched items.
@@ -405,7 +442,8 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 		if !ok {
 			continue
 		}
-		msgs := append(slices.Clone(rs.problems), p.errs[name]...)
+		msgs := append(slices.Clone(rs.problems), r.store.conflicts(rs)...)
+		msgs = append(msgs, p.errs[name]...)
 		if len(msgs) == 0 {
 			r.applied[name] = rs.version
 			delete(r.failed, name)
@@ -471,6 +509,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 	}
 	p := r.newPass(ctx)
 	p.syncSettings()
+	r.refreshNodePort(p) // the full pass compares everything anyway
 	r.fullPass(p)
 	p.syncIPTables(true, nil)
 	r.settle(p, slices.Collect(maps.Keys(r.store.res)))

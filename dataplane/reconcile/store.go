@@ -24,6 +24,11 @@ type store struct {
 	addrVS    map[netip.Addr]map[kernel.VirtualServerKey]int
 	entryRefs map[entryKey][]string
 	setRefs   map[setRef]int // entries per set (for "non-empty")
+	// setSize is the number of distinct entries wanted per set.
+	setSize map[setRef]int
+	// templated are the resources with node_port_addresses markers,
+	// checks those with a health-check node port.
+	templated, checks map[string]bool
 }
 
 func newStore() *store {
@@ -33,6 +38,9 @@ func newStore() *store {
 		addrVS:    map[netip.Addr]map[kernel.VirtualServerKey]int{},
 		entryRefs: map[entryKey][]string{},
 		setRefs:   map[setRef]int{},
+		setSize:   map[setRef]int{},
+		templated: map[string]bool{},
+		checks:    map[string]bool{},
 	}
 }
 
@@ -64,8 +72,17 @@ func (s *store) index(rs *resourceState) {
 		m[key]++
 	}
 	for _, e := range rs.entries {
+		if len(s.entryRefs[e]) == 0 {
+			s.setSize[e.set]++
+		}
 		s.entryRefs[e] = append(s.entryRefs[e], rs.name)
 		s.setRefs[e.set]++
+	}
+	if rs.tmpl != nil {
+		s.templated[rs.name] = true
+	}
+	if rs.health != nil {
+		s.checks[rs.name] = true
 	}
 }
 
@@ -90,6 +107,9 @@ func (s *store) unindex(rs *resourceState) {
 		owners := slices.DeleteFunc(s.entryRefs[e], func(n string) bool { return n == rs.name })
 		if len(owners) == 0 {
 			delete(s.entryRefs, e)
+			if s.setSize[e.set]--; s.setSize[e.set] <= 0 {
+				delete(s.setSize, e.set)
+			}
 		} else {
 			s.entryRefs[e] = owners
 		}
@@ -97,16 +117,37 @@ func (s *store) unindex(rs *resourceState) {
 			delete(s.setRefs, e.set)
 		}
 	}
+	delete(s.templated, rs.name)
+	delete(s.checks, rs.name)
 }
 
 // wantVS returns the desired virtual server for key. When several
-// resources want the same key the first by name wins (deterministic).
+// resources want the same key, an explicit virtual server wins over one
+// expanded from a NodePort marker, then the first resource by name
+// (deterministic).
 func (s *store) wantVS(key kernel.VirtualServerKey) (desiredVS, bool) {
-	owners := s.vsOwners[key]
-	if len(owners) == 0 {
+	w := s.winner(key)
+	if w == "" {
 		return desiredVS{}, false
 	}
-	return s.res[owners[0]].vss[key], true
+	return s.res[w].vss[key], true
+}
+
+// winner is the resource whose virtual server key is programmed ("" when
+// nobody wants it).
+func (s *store) winner(key kernel.VirtualServerKey) string {
+	owners := s.vsOwners[key]
+	if len(owners) == 0 {
+		return ""
+	}
+	if len(owners) > 1 {
+		for _, o := range owners {
+			if !s.res[o].vss[key].nodePort {
+				return o
+			}
+		}
+	}
+	return owners[0]
 }
 
 // bindings reports which bindings the virtual servers on addr ask for.
@@ -207,7 +248,8 @@ func (t *touched) addChange(name string, old, cur *resourceState, oldApplied boo
 }
 
 func sameVS(a, b desiredVS) bool {
-	return a.vs == b.vs && a.binding == b.binding && slices.Equal(a.dests, b.dests)
+	return a.vs == b.vs && a.binding == b.binding && a.nodePort == b.nodePort && a.reject == b.reject &&
+		slices.Equal(a.dests, b.dests)
 }
 
 func appendOnce(list []string, name string) []string {

@@ -242,13 +242,18 @@ func (p *pass) loadLocal() error {
 	if err != nil {
 		return err
 	}
+	p.setLocal(list)
+	return nil
+}
+
+// setLocal records the addresses held by interfaces other than kube-ipvs0.
+func (p *pass) setLocal(list []kernel.InterfaceAddress) {
 	p.localElse = map[netip.Addr]bool{}
 	for _, ia := range list {
 		if ia.Interface != kernel.DummyDevice {
 			p.localElse[ia.Prefix.Addr().Unmap()] = true
 		}
 	}
-	return nil
 }
 
 // bindWanted: some virtual server on addr wants it bound (ALWAYS, or

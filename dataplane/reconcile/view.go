@@ -14,8 +14,14 @@ type DesiredVirtualServer struct {
 	VirtualServer kernel.VirtualServer
 	// Destinations sorted by key.
 	Destinations []kernel.Destination
-	// Resources asking for it, sorted; the first one's version is used.
+	// Resources asking for it, sorted. The programmed one is the first
+	// explicit one, else the first (see NodePort).
 	Resources []string
+	// NodePort: expanded from a NodePort marker onto a node address.
+	NodePort bool
+	// Reject: a Local traffic policy without local endpoints; programmed
+	// without destinations so IPVS answers with ICMP port unreachable.
+	Reject bool
 }
 
 // DesiredAddress is one address a virtual server wants on kube-ipvs0.
@@ -42,6 +48,8 @@ func (r *Reconciler) Desired() ([]DesiredVirtualServer, []DesiredAddress) {
 			VirtualServer: d.kernelVS(sched),
 			Destinations:  slices.Clone(d.dests),
 			Resources:     slices.Clone(r.store.vsOwners[key]),
+			NodePort:      d.nodePort,
+			Reject:        d.reject,
 		})
 	}
 	var addrs []DesiredAddress

@@ -1,0 +1,57 @@
+package reconcile
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// HealthCheck is one Service's health-check node port (an
+// externalTrafficPolicy: Local Service with healthCheckNodePort).
+type HealthCheck struct {
+	// Resource is the resource name ("service/<ns>/<name>").
+	Resource        string
+	Namespace, Name string
+	Port            uint16
+	// LocalEndpoints is the number of this node's endpoints of the Service.
+	LocalEndpoints int
+}
+
+// HealthChecks returns the health-check node ports of the desired
+// Services, sorted by resource name. Services that failed to apply are
+// included: the answer only depends on their local endpoint count.
+func (r *Reconciler) HealthChecks() []HealthCheck {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []HealthCheck
+	for _, rs := range r.store.res {
+		if rs.health != nil {
+			out = append(out, *rs.health)
+		}
+	}
+	slices.SortFunc(out, func(a, b HealthCheck) int { return strings.Compare(a.Resource, b.Resource) })
+	return out
+}
+
+// NodePortAddresses returns the addresses NodePort markers are expanded
+// over (all families, sorted) and whether the settings restrict them with
+// node_port_addresses CIDRs (false: every node address, as kube-proxy's
+// empty --nodeport-addresses). The addresses are read only while some
+// resource has a NodePort marker; otherwise the list is the last one read.
+func (r *Reconciler) NodePortAddresses() (addrs []netip.Addr, restricted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range slices.Sorted(maps.Keys(r.npAddrs)) {
+		addrs = append(addrs, r.npAddrs[f]...)
+	}
+	return addrs, len(r.store.settings().nodePortCIDRs) > 0
+}
+
+// NodeDeleting reports the node/settings node_deleting flag: the Node is
+// being deleted and the agent's /healthz should fail (kube-proxy).
+func (r *Reconciler) NodeDeleting() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.store.settings().nodeDeleting
+}
