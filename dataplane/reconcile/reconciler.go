@@ -113,7 +113,7 @@ type Reconciler struct {
 	applied    map[string]string
 	failed     map[string]failure
 	programmed map[kernel.VirtualServerKey]struct{}
-	rec        record // what the kernel holds, for incremental passes
+	rec        record        // what the kernel holds, for incremental passes
 	npAddrs    nodePortAddrs // NodePort addresses the markers are expanded over
 	lastRules  map[kernel.Family][]byte
 	globalErrs []string
