@@ -209,3 +209,112 @@ func TestConvertNode(t *testing.T) {
 		t.Errorf("node with deletion timestamp is not Deleting")
 	}
 }
+
+func TestConvertServiceKubeProxyRules(t *testing.T) {
+	k := ServiceKey{Namespace: "ns", Name: "s"}
+	v4 := netip.MustParseAddr("198.18.0.1")
+	http := ServicePort{Name: "http", Protocol: TCP, Port: 80}
+	tests := []struct {
+		name    string
+		in      *corev1.Service
+		want    *Service
+		reasons []Reason
+	}{{
+		name: "duplicate port/protocol dropped, same port other protocol kept",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Ports = append(s.Spec.Ports,
+				corev1.ServicePort{Name: "again", Protocol: corev1.ProtocolTCP, Port: 80},
+				corev1.ServicePort{Name: "http", Protocol: corev1.ProtocolUDP, Port: 80},
+				corev1.ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 81})
+		}),
+		want:    &Service{Key: k, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http, {Name: "http", Protocol: UDP, Port: 80}}},
+		reasons: []Reason{ReasonDuplicate, ReasonDuplicate},
+	}, {
+		name: "duplicate nodePort within the Service: second NodePort dropped, port kept",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports[0].NodePort = 30001
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "b", Protocol: corev1.ProtocolTCP, Port: 81, NodePort: 30001})
+		}),
+		want: &Service{Key: k, Type: ServiceTypeNodePort, ClusterIPs: []netip.Addr{v4},
+			Ports: []ServicePort{{Name: "http", Protocol: TCP, Port: 80, NodePort: 30001}, {Name: "b", Protocol: TCP, Port: 81}}},
+		reasons: []Reason{ReasonDuplicate},
+	}, {
+		name: "SingleStack keeps the first cluster IP; ipFamilies shorter than clusterIPs",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.ClusterIPs = []string{"198.18.0.1", "2001:2:0:1::1"}
+			s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+		}),
+		want:    &Service{Key: k, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http}},
+		reasons: []Reason{ReasonFamilyMismatch},
+	}, {
+		name: "clusterIP without ipFamilies entry dropped",
+		in:   svc(func(s *corev1.Service) { s.Spec.ClusterIPs = []string{"198.18.0.1", "2001:2:0:1::1"} }),
+		want: &Service{Key: k, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http}}, reasons: []Reason{ReasonFamilyMismatch},
+	}, {
+		name: "external and LB IPs of a family without cluster IP dropped; duplicates dropped",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalIPs = []string{"198.18.100.1", "2001:2:0:1::100", "198.18.100.1"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:2:0:1::200"}, {IP: "198.18.200.1"}, {IP: "198.18.200.1"}}
+		}),
+		want: &Service{Key: k, Type: ServiceTypeLoadBalancer, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http},
+			ExternalIPs: []netip.Addr{netip.MustParseAddr("198.18.100.1")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.18.200.1")}},
+		reasons: []Reason{ReasonFamilyMismatch, ReasonDuplicate, ReasonFamilyMismatch},
+	}, {
+		name: "ETP Local and health check ignored on an internal ClusterIP Service",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+		}),
+		want: &Service{Key: k, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http}},
+	}, {
+		name: "ETP Local NodePort: no health check port (only LoadBalancers get one)",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+		}),
+		want: &Service{Key: k, Type: ServiceTypeNodePort, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http}, ExternalTrafficPolicy: PolicyLocal},
+	}, {
+		name: "ETP Local LoadBalancer without healthCheckNodePort reported",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}),
+		want:    &Service{Key: k, Type: ServiceTypeLoadBalancer, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http}, ExternalTrafficPolicy: PolicyLocal},
+		reasons: []Reason{ReasonBadPort},
+	}, {
+		name: "source ranges: bad CIDR reported, duplicates merged, masked",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.LoadBalancerSourceRanges = []string{"198.18.50.7/24", "198.18.50.0/24", "198.18.51.1", "2001:2:0:200::/64"}
+		}),
+		want: &Service{Key: k, Type: ServiceTypeLoadBalancer, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http},
+			LoadBalancerSourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.50.0/24"), netip.MustParsePrefix("2001:2:0:200::/64")}},
+		reasons: []Reason{ReasonBadCIDR},
+	}, {
+		name: "headless dual-stack Service skipped silently",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"}
+			s.Spec.Type = corev1.ServiceTypeClusterIP
+		}),
+	}, {
+		name: "LoadBalancer handed to another proxy skipped silently",
+		in: svc(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Labels = map[string]string{LabelServiceProxyName: "other"}
+		}),
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, probs := ConvertService(tc.in)
+			if diff := cmp.Diff(tc.want, got, addrCmp, prefixCmp, cmpopts.IgnoreFields(Service{}, "Created")); diff != "" {
+				t.Errorf("service (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.reasons, reasons(probs)); diff != "" {
+				t.Errorf("reasons (-want +got):\n%s\n%v", diff, probs)
+			}
+		})
+	}
+}
