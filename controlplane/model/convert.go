@@ -138,6 +138,9 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 
 	for i, raw := range s.Spec.ExternalIPs {
 		ip, err := parseIP(strings.TrimSpace(raw))
+		if err == nil {
+			err = notSpecial(ip)
+		}
 		if err != nil {
 			drop(ReasonBadIP, "externalIPs[%d] %q: %v", i, raw, err)
 			continue
@@ -162,6 +165,9 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 			continue
 		}
 		ip, err := parseIP(ing.IP)
+		if err == nil {
+			err = notSpecial(ip)
+		}
 		if err != nil {
 			drop(ReasonBadIP, "status.loadBalancer.ingress[%d].ip %q: %v", i, ing.IP, err)
 			continue
@@ -372,6 +378,21 @@ func parseIP(s string) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("unspecified address not allowed")
 	}
 	return ip, nil
+}
+
+// notSpecial rejects addresses the API server refuses as external or
+// load-balancer IPs (ValidateNonSpecialIP): binding them to kube-ipvs0 would
+// break the node.
+func notSpecial(ip netip.Addr) error {
+	switch {
+	case ip.IsLoopback():
+		return fmt.Errorf("loopback address not allowed")
+	case ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast():
+		return fmt.Errorf("link-local address not allowed")
+	case ip.IsMulticast():
+		return fmt.Errorf("multicast address not allowed")
+	}
+	return nil
 }
 
 func protocolOf(p corev1.Protocol) (Protocol, bool) {

@@ -255,12 +255,12 @@ func TestConvertServiceKubeProxyRules(t *testing.T) {
 		name: "external and LB IPs of a family without cluster IP dropped; duplicates dropped",
 		in: svc(func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
-			s.Spec.ExternalIPs = []string{"198.18.100.1", "2001:2:0:1::100", "198.18.100.1"}
-			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:2:0:1::200"}, {IP: "198.18.200.1"}, {IP: "198.18.200.1"}}
+			s.Spec.ExternalIPs = []string{"198.18.100.1", "2001:2:0:1::100", "198.18.100.1", "127.0.0.1", "169.254.1.1", "224.0.0.1"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:2:0:1::200"}, {IP: "198.18.200.1"}, {IP: "198.18.200.1"}, {IP: "127.0.0.2"}}
 		}),
 		want: &Service{Key: k, Type: ServiceTypeLoadBalancer, ClusterIPs: []netip.Addr{v4}, Ports: []ServicePort{http},
 			ExternalIPs: []netip.Addr{netip.MustParseAddr("198.18.100.1")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.18.200.1")}},
-		reasons: []Reason{ReasonFamilyMismatch, ReasonDuplicate, ReasonFamilyMismatch},
+		reasons: []Reason{ReasonFamilyMismatch, ReasonDuplicate, ReasonBadIP, ReasonBadIP, ReasonBadIP, ReasonFamilyMismatch, ReasonBadIP},
 	}, {
 		name: "ETP Local and health check ignored on an internal ClusterIP Service",
 		in: svc(func(s *corev1.Service) {
