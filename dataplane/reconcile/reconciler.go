@@ -68,6 +68,9 @@ type Config struct {
 	// this long after its drain started is deleted (default 10 min;
 	// kube-proxy has no bound).
 	MaxDrain time.Duration
+
+	// maxElem overrides the hash sets' maxelem in the admission (tests).
+	maxElem uint32
 }
 
 // Stats are counters for metrics and AgentStatus.
@@ -115,6 +118,9 @@ type Reconciler struct {
 	programmed map[kernel.VirtualServerKey]struct{}
 	rec        record        // what the kernel holds, for incremental passes
 	npAddrs    nodePortAddrs // NodePort addresses the markers are expanded over
+	// refused are, per full set, the resources whose entries of it are not
+	// programmed (maxelem.go).
+	refused    map[setRef]map[string]bool
 	lastRules  map[kernel.Family][]byte
 	globalErrs []string
 	retryN     int
@@ -177,7 +183,8 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		store: newStore(), applied: map[string]string{}, failed: map[string]failure{},
 		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
 		stats: Stats{RepairsByKind: map[string]uint64{}, DrainOps: map[string]uint64{}}, wake: make(chan struct{}, 1),
-		drains: map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState{},
+		drains:  map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState{},
+		refused: map[setRef]map[string]bool{},
 	}, nil
 }
 
@@ -241,6 +248,20 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	for i, name := range npNames {
 		_, failed := r.failed[name]
 		t.addChange(name, npOlds[i], r.store.res[name], !failed && r.applied[name] == npOlds[i].version)
+		if !inDelta[name] {
+			changed = append(changed, name)
+			inDelta[name] = true
+		}
+	}
+	// Set capacity: admission may change for the sets this delta touched.
+	var sets map[setRef]bool
+	if r.synced {
+		sets = map[setRef]bool{}
+		for ek := range t.entries {
+			sets[ek.set] = true
+		}
+	}
+	for _, name := range r.touchRefusals(t, r.admit(sets)) {
 		if !inDelta[name] {
 			changed = append(changed, name)
 			inDelta[name] = true
@@ -358,9 +379,7 @@ func (r *Reconciler) touchedPass(p *pass, t *touched) {
 	for _, a := range sortedKeys(t.addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
 		p.syncAddr(a, t.addrs[a])
 	}
-	for _, e := range sortedKeys(t.entries, compareEntryKeys) {
-		p.syncEntry(e, t.entries[e])
-	}
+	p.syncEntries(t.entries)
 }
 
 // fullPass compares everything the agent owns with the kernel. It lists
@@ -419,9 +438,7 @@ func (r *Reconciler) fullPass(p *pass) {
 			entries[entryKey{set: ref, entry: e}] = nil
 		}
 	}
-	for _, ek := range sortedKeys(entries, compareEntryKeys) {
-		p.syncEntry(ek, nil)
-	}
+	p.syncEntries(entries)
 }
 
 // forget drops the record of kernel state: the next pass lists again.
@@ -443,6 +460,7 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 			continue
 		}
 		msgs := append(slices.Clone(rs.problems), r.store.conflicts(rs)...)
+		msgs = append(msgs, r.refusals(rs)...)
 		msgs = append(msgs, p.errs[name]...)
 		if len(msgs) == 0 {
 			r.applied[name] = rs.version
@@ -510,6 +528,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 	p := r.newPass(ctx)
 	p.syncSettings()
 	r.refreshNodePort(p) // the full pass compares everything anyway
+	r.admit(nil)
 	r.fullPass(p)
 	p.syncIPTables(true, nil)
 	r.settle(p, slices.Collect(maps.Keys(r.store.res)))

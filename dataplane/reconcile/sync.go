@@ -405,13 +405,31 @@ func (p *pass) loadEntries(ref setRef) (map[kernel.Entry]bool, error) {
 }
 
 func (p *pass) wantEntry(ek entryKey) (bool, error) {
-	if len(p.r.store.entryRefs[ek]) > 0 {
+	if p.r.entryAdmitted(ek, p.r.store.entryRefs[ek]) {
 		return true, nil
 	}
 	if ek.set.set == rules.SetIPVSIPs && ek.entry == (kernel.Entry{IP: ek.entry.IP}) {
 		return p.bindWanted(ek.entry.IP)
 	}
 	return false, nil
+}
+
+// syncEntries syncs the entries, deletions first so a nearly full set
+// has room for the additions.
+func (p *pass) syncEntries(entries map[entryKey][]string) {
+	keys := sortedKeys(entries, compareEntryKeys)
+	wanted := make([]bool, len(keys))
+	for i, ek := range keys {
+		wanted[i], _ = p.wantEntry(ek) // errors are reported by syncEntry
+		if !wanted[i] {
+			p.syncEntry(ek, entries[ek])
+		}
+	}
+	for i, ek := range keys {
+		if wanted[i] {
+			p.syncEntry(ek, entries[ek])
+		}
+	}
 }
 
 func (p *pass) syncEntry(ek entryKey, touchers []string) {
