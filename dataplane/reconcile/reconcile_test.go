@@ -44,6 +44,7 @@ func TestApplyTwoClusterIPServices(t *testing.T) {
 	wantNAT := []string{
 		`-s 127.0.0.0/8 -j RETURN`,
 		`! -s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
+		`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 		`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 	}
 	if d := cmp.Diff(wantNAT, natRules(t, mk, "KUBE-SERVICES")); d != "" {
@@ -141,7 +142,7 @@ func TestRemoveService(t *testing.T) {
 	if ack.GetKernelOperations()[OpRestore] != 1 {
 		t.Errorf("want one iptables restore, got ops %v", ack.GetKernelOperations())
 	}
-	if got := natRules(t, mk, "KUBE-SERVICES"); !slices.Equal(got, []string{"-s 127.0.0.0/8 -j RETURN"}) {
+	if got := natRules(t, mk, "KUBE-SERVICES"); !slices.Equal(got, []string{"-s 127.0.0.0/8 -j RETURN", "-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT"}) {
 		t.Errorf("KUBE-SERVICES still matches the empty set: %q", got)
 	}
 	wantState(t, mk, kernelState{Services: map[string][]string{}, Sets: map[string][]string{}})
