@@ -266,11 +266,12 @@ func (a *Agent) reportStatus(ctx context.Context) {
 }
 
 // httpHandler serves Prometheus metrics and kube-proxy's /healthz and /livez
-// (503 once a received Delta waited more than 2× the reconcile period).
+// (503 once a received Delta waited more than 2× the reconcile period;
+// /healthz also while the node settings say the Node is being deleted).
 func (a *Agent) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
-	mux.Handle("/healthz", a.Metrics.HealthzHandler())
+	mux.Handle("/healthz", a.Metrics.NodeHealthzHandler(a.Reconciler.NodeDeleting))
 	mux.Handle("/livez", a.Metrics.LivezHandler())
 	return mux
 }

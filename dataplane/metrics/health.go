@@ -26,13 +26,28 @@ type healthBody struct {
 
 // HealthzHandler serves kube-proxy's /healthz: 200 when the last received
 // Delta was applied within HealthTimeout (or none is pending), 503 otherwise.
-// The agent does not watch its Node, so nodeEligible is always true (a node
-// being deleted is drained by the control plane, not by this probe).
-func (m *Agent) HealthzHandler() http.Handler {
+// nodeEligible is always true; see NodeHealthzHandler.
+func (m *Agent) HealthzHandler() http.Handler { return m.NodeHealthzHandler(nil) }
+
+// NodeHealthzHandler is HealthzHandler with node eligibility, as kube-proxy
+// serves it: while deleting() reports the Node being deleted (deletion
+// timestamp or the cluster autoscaler's ToBeDeletedByClusterAutoscaler
+// taint; the control plane sends it as NodeSettings.node_deleting), the
+// answer is 503 with nodeEligible false, so load balancers using /healthz
+// stop sending to the node. nil deleting means never deleting. /livez
+// ignores eligibility.
+func (m *Agent) NodeHealthzHandler(deleting func() bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		eligible := true
+		eligible := deleting == nil || !deleting()
 		m.serveHealth(w, &eligible, func(code int) { m.healthz.WithLabelValues(strconv.Itoa(code)).Inc() })
 	})
+}
+
+// Healthy reports the proxy's health as /livez does (no node eligibility):
+// kube-proxy's serviceProxyHealthy in health-check node port answers.
+func (m *Agent) Healthy() bool {
+	healthy, _, _ := m.health()
+	return healthy
 }
 
 // LivezHandler serves kube-proxy's /livez: the same check without node
@@ -45,6 +60,9 @@ func (m *Agent) LivezHandler() http.Handler {
 
 func (m *Agent) serveHealth(w http.ResponseWriter, eligible *bool, count func(int)) {
 	healthy, last, now := m.health()
+	if eligible != nil {
+		healthy = healthy && *eligible
+	}
 	code := http.StatusOK
 	if !healthy {
 		code = http.StatusServiceUnavailable
