@@ -188,7 +188,8 @@ func (b *builder) sourceRangesDrop() {
 // noNodeAccessRules drop node-originated connections to LBs whose source
 // ranges exclude the node. IPVS schedules such packets in OUTPUT and they
 // keep the LB IP as source, hence "-s lbIP" and the ipvs match (written as
-// libxt_ipvs saves it: protocol number, address with prefix length).
+// libxt_ipvs saves it: protocol number, address without a full-length
+// prefix, unlike -s; read back in the VM, vm_test.go).
 func (b *builder) noNodeAccessRules() {
 	vps := append([]VirtualPort(nil), b.in.LoadBalancerNoNodeAccess...)
 	for i := range vps {
@@ -196,9 +197,8 @@ func (b *builder) noNodeAccessRules() {
 	}
 	sortCompact(&vps)
 	for _, vp := range vps {
-		host := vp.IP.String() + "/" + strconv.Itoa(vp.IP.BitLen())
-		b.add(kernel.TableFilter, ChainIPVSOutFilter, "-s", host,
-			"-m ipvs --vproto", strconv.Itoa(int(vp.Protocol)), "--vaddr", host, "--vport", strconv.Itoa(int(vp.Port)), "-j DROP")
+		b.add(kernel.TableFilter, ChainIPVSOutFilter, "-s", vp.IP.String()+"/"+strconv.Itoa(vp.IP.BitLen()),
+			"-m ipvs --vproto", strconv.Itoa(int(vp.Protocol)), "--vaddr", vp.IP.String(), "--vport", strconv.Itoa(int(vp.Port)), "-j DROP")
 	}
 }
 

@@ -89,12 +89,12 @@ func TestNewChains(t *testing.T) {
 			`-m conntrack --ctstate NEW -m set --match-set KUBE-6-IPVS-IPS dst -j REJECT --reject-with icmp6-port-unreachable`,
 		}},
 		{"ipvs out filter: node to LBs excluding it dropped, sorted, once", v4, filter, ChainIPVSOutFilter, []string{
-			`-s 198.18.200.1/32 -m ipvs --vproto 17 --vaddr 198.18.200.1/32 --vport 53 -j DROP`,
-			`-s 198.18.200.1/32 -m ipvs --vproto 6 --vaddr 198.18.200.1/32 --vport 80 -j DROP`,
-			`-s 198.18.200.2/32 -m ipvs --vproto 132 --vaddr 198.18.200.2/32 --vport 443 -j DROP`,
+			`-s 198.18.200.1/32 -m ipvs --vproto 17 --vaddr 198.18.200.1 --vport 53 -j DROP`,
+			`-s 198.18.200.1/32 -m ipvs --vproto 6 --vaddr 198.18.200.1 --vport 80 -j DROP`,
+			`-s 198.18.200.2/32 -m ipvs --vproto 132 --vaddr 198.18.200.2 --vport 443 -j DROP`,
 		}},
 		{"ipvs out filter v6", v6, filter, ChainIPVSOutFilter, []string{
-			`-s 2001:2:0:1::c8/128 -m ipvs --vproto 6 --vaddr 2001:2:0:1::c8/128 --vport 80 -j DROP`,
+			`-s 2001:2:0:1::c8/128 -m ipvs --vproto 6 --vaddr 2001:2:0:1::c8 --vport 80 -j DROP`,
 		}},
 		{"services: LB jump first, external IPs, NodePort jump, ACCEPTs last", v4, nat, ChainServices, []string{
 			`-s 127.0.0.0/8 -j RETURN`,
