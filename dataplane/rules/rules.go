@@ -3,8 +3,8 @@
 // Payload is one iptables-restore --noflush input per family.
 //
 // The payload declares (and so flushes) only vsplane's own chains, then
-// refills them. The jumps from built-in chains (PREROUTING, OUTPUT,
-// POSTROUTING, FORWARD) cannot be written that way without flushing the
+// refills them. The jumps from built-in chains (nat PREROUTING, OUTPUT,
+// POSTROUTING; filter INPUT, FORWARD, OUTPUT) cannot be written that way without flushing the
 // built-in chain, so they are returned separately as Jumps: the caller
 // reads the built-in chains (iptables-save), and passes the missing ones to
 // Payload, which inserts them at position 1 like kube-proxy's
@@ -12,7 +12,7 @@
 // alone, so repeated applies never duplicate it.
 //
 // Rules are written the way iptables-save prints them, so a read-back can
-// be compared rule by rule (Ruleset.Diff) to detect drift.
+// be compared rule by rule (Ruleset.Check) to detect drift.
 package rules
 
 import (
