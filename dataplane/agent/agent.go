@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"slices"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/dataplane/client"
+	"github.com/vsplane/vsplane/dataplane/healthcheck"
 	"github.com/vsplane/vsplane/dataplane/inspect"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
@@ -63,6 +66,15 @@ type Config struct {
 	Logger  *zap.Logger
 	// OnStreamEnd is passed to the client (tests).
 	OnStreamEnd func(error)
+	// HealthCheckNodePorts serves the health-check node ports of
+	// externalTrafficPolicy: Local Services (dataplane/healthcheck) on this
+	// network namespace's NodePort addresses. Off by default so in-process
+	// test agents sharing a namespace do not compete for ports; the
+	// vsplane-agent command turns it on.
+	HealthCheckNodePorts bool
+
+	// healthListen replaces the health-check servers' listen (tests).
+	healthListen func(network, address string) (net.Listener, error)
 }
 
 // Agent is a running node agent.
@@ -77,6 +89,10 @@ type Agent struct {
 	registry *prometheus.Registry
 	inspect  *inspect.Server
 	log      *zap.Logger
+	// health serves health-check node ports (nil: disabled); healthSync is
+	// signalled after every Apply.
+	health     *healthcheck.Server
+	healthSync chan struct{}
 }
 
 // New builds an agent. With a nil cfg.Kernel it opens the real kernel, which
@@ -106,7 +122,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: reconciler: %w", err)
 	}
-	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log}
+	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log, healthSync: make(chan struct{}, 1)}
 	if cfg.InspectListener != nil {
 		if a.inspect, err = inspect.New(rec, k.IPVS, k.Links); err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
@@ -141,6 +157,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	applier = a.Metrics.Wrap(applier)
+	if cfg.HealthCheckNodePorts {
+		a.health = healthcheck.New(healthcheck.Config{Logger: log.Named("healthcheck"), ProxyHealthy: a.Metrics.Healthy,
+			Listen: cfg.healthListen})
+		applier = notifyApplier{Applier: applier, ch: a.healthSync}
+	}
 	a.Client, err = client.New(client.Config{
 		Target:       cfg.ControlPlane,
 		NodeName:     cfg.NodeName,
@@ -215,6 +236,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.inspect != nil {
 		g.Go(func() error { return inspect.Serve(ctx, a.cfg.InspectListener, a.inspect, a.log.Named("inspect")) })
 	}
+	if a.health != nil {
+		g.Go(func() error { a.runHealthChecks(ctx); return nil })
+	}
 	if a.cfg.MetricsListener != nil {
 		srv := &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
@@ -253,6 +277,14 @@ func (a *Agent) reportStatus(ctx context.Context) {
 	var lastSent time.Time
 	for {
 		st := a.Reconciler.Status()
+		if a.health != nil {
+			// Bind failures of health-check node ports are node problems the
+			// control plane should see.
+			errs := a.health.Errors()
+			for _, k := range slices.Sorted(maps.Keys(errs)) {
+				st.KernelErrors = append(st.KernelErrors, errs[k])
+			}
+		}
 		if last == nil || !proto.Equal(st, last) || time.Since(lastSent) >= statusRefresh {
 			a.Client.SetStatus(st)
 			last, lastSent = st, time.Now()
@@ -281,4 +313,54 @@ func ignoreCanceled(err error) error {
 		return nil
 	}
 	return err
+}
+
+// healthResync bounds how long a health-check server waits for a retry of
+// a failed bind or for NodePort address changes seen by full reconciles.
+const healthResync = 5 * time.Second
+
+// runHealthChecks keeps the health-check servers in line with the applied
+// Services: after every Apply and every healthResync, until ctx ends.
+func (a *Agent) runHealthChecks(ctx context.Context) {
+	t := time.NewTicker(healthResync)
+	defer t.Stop()
+	defer a.health.Close()
+	for {
+		a.syncHealthChecks()
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.healthSync:
+		case <-t.C:
+		}
+	}
+}
+
+// syncHealthChecks runs one Sync of the health-check servers.
+func (a *Agent) syncHealthChecks() {
+	checks := a.Reconciler.HealthChecks()
+	svcs := make([]healthcheck.Service, 0, len(checks))
+	for _, c := range checks {
+		svcs = append(svcs, healthcheck.Service{Namespace: c.Namespace, Name: c.Name, Port: c.Port, LocalEndpoints: c.LocalEndpoints})
+	}
+	var addrs []netip.Addr // nil: all addresses, as kube-proxy without --nodeport-addresses
+	if np, restricted := a.Reconciler.NodePortAddresses(); restricted {
+		addrs = append([]netip.Addr{}, np...)
+	}
+	a.health.Sync(svcs, addrs)
+}
+
+// notifyApplier signals ch after every Apply.
+type notifyApplier struct {
+	client.Applier
+	ch chan struct{}
+}
+
+func (n notifyApplier) Apply(ctx context.Context, d *vsplanev1.Delta) *vsplanev1.Ack {
+	ack := n.Applier.Apply(ctx, d)
+	select {
+	case n.ch <- struct{}{}:
+	default:
+	}
+	return ack
 }

@@ -25,10 +25,8 @@ func (r *Reconciler) HealthChecks() []HealthCheck {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []HealthCheck
-	for _, rs := range r.store.res {
-		if rs.health != nil {
-			out = append(out, *rs.health)
-		}
+	for name := range r.store.checks {
+		out = append(out, *r.store.res[name].health)
 	}
 	slices.SortFunc(out, func(a, b HealthCheck) int { return strings.Compare(a.Resource, b.Resource) })
 	return out

@@ -41,6 +41,7 @@ func run() error {
 		drainCheck   = flag.Duration("drain-check-interval", 5*time.Second, "how often draining (weight-0) TCP real servers are checked for connections")
 		inspectAddr  = flag.String("inspect-address", inspect.DefaultAddress, "read-only inspection gRPC endpoint (grpcurl): host:port (keep it on loopback) or unix:///run/vsplane/inspect.sock; empty disables")
 		maxDrain     = flag.Duration("max-drain", 10*time.Minute, "a draining real server still holding connections this long is deleted anyway")
+		healthPorts  = flag.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of externalTrafficPolicy: Local Services (kube-proxy's service health server)")
 	)
 	flag.Parse()
 
@@ -69,9 +70,10 @@ func run() error {
 		NodeName:     *nodeName,
 		Reconcile: reconcile.Config{Period: *period, Families: families,
 			DrainCheckInterval: *drainCheck, MaxDrain: *maxDrain},
-		BackoffMax: *backoffMax,
-		StateDir:   *stateDir,
-		Logger:     log,
+		BackoffMax:           *backoffMax,
+		StateDir:             *stateDir,
+		Logger:               log,
+		HealthCheckNodePorts: *healthPorts,
 	}
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
