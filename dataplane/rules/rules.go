@@ -4,8 +4,8 @@
 //
 // The payload declares (and so flushes) only vsplane's own chains, then
 // refills them. The jumps from built-in chains (nat PREROUTING, OUTPUT,
-// POSTROUTING; filter INPUT, FORWARD, OUTPUT) cannot be written that way without flushing the
-// built-in chain, so they are returned separately as Jumps: the caller
+// POSTROUTING; filter INPUT, FORWARD, OUTPUT) cannot be written that way
+// without flushing the built-in chain, so they are returned separately as Jumps: the caller
 // reads the built-in chains (iptables-save), and passes the missing ones to
 // Payload, which inserts them at position 1 like kube-proxy's
 // EnsureRule(Prepend). A jump already present anywhere in its chain is left
