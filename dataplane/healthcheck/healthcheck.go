@@ -70,6 +70,10 @@ type instance struct {
 	svc     Service // LocalEndpoints updated in place under Server.mu
 	addrs   []netip.Addr
 	servers []*http.Server
+	// listeners are closed directly too: a Serve goroutine that has not
+	// started yet would close its listener only later, and a reopen on the
+	// same port must not find it still bound.
+	listeners []net.Listener
 }
 
 // New returns a Server with nothing running.
@@ -159,6 +163,7 @@ func (s *Server) open(svc Service, addrs []netip.Addr) (*instance, error) {
 		}
 		srv := &http.Server{Handler: s.handler(key, svc.Namespace, svc.Name), ReadHeaderTimeout: 5 * time.Second}
 		in.servers = append(in.servers, srv)
+		in.listeners = append(in.listeners, ln)
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				s.log.Warn("health check server stopped", zap.String("service", key), zap.Error(err))
@@ -172,7 +177,10 @@ func (in *instance) close() {
 	for _, srv := range in.servers {
 		_ = srv.Close()
 	}
-	in.servers = nil
+	for _, ln := range in.listeners {
+		_ = ln.Close()
+	}
+	in.servers, in.listeners = nil, nil
 }
 
 // Errors returns the current bind failures, by namespace/name.

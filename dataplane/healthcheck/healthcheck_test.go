@@ -75,7 +75,7 @@ func TestServesKubeProxyAnswer(t *testing.T) {
 		}
 	}
 	var parsed struct {
-		Service struct{ Namespace, Name string }
+		Service             struct{ Namespace, Name string }
 		LocalEndpoints      int
 		ServiceProxyHealthy bool
 	}
