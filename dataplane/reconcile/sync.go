@@ -554,6 +554,20 @@ func (r *Reconciler) rulesInput(fam kernel.Family, s settings, liberal bool) rul
 			in.NonEmpty = in.NonEmpty.With(ref.set)
 		}
 	}
+	if in.NonEmpty.Has(rules.SetLoadBalancerFW) {
+		// Only clusters with loadBalancerSourceRanges pay for this scan.
+		var fw, sourceIP []kernel.Entry
+		for ek := range r.store.entryRefs {
+			switch {
+			case ek.set.family != fam:
+			case ek.set.set == rules.SetLoadBalancerFW:
+				fw = append(fw, ek.entry)
+			case ek.set.set == rules.SetLoadBalancerSourceIP:
+				sourceIP = append(sourceIP, ek.entry)
+			}
+		}
+		in.LoadBalancerNoNodeAccess = rules.NoNodeAccess(fw, sourceIP)
+	}
 	return in
 }
 
