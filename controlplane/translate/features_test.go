@@ -310,6 +310,12 @@ func featureCases() []featureCase {
 		want: st(1, []*pb.VirtualServer{cip(rsr("198.19.1.5", false, ReasonZoneHint), rsr("198.19.3.5", true, ReasonZoneHint))},
 			loopEntry(v4, "198.19.3.5", 8080, tcp), cipE),
 	}, {
+		name: "zone hints: only ready endpoints need hints (an unhinted terminating one does not disable topology)",
+		in: Input{Service: web, Slices: []*model.EndpointSlice{zoneSlice,
+			slice("web-zt", model.IPv4, ep("198.19.2.9", "n2", false, false, true))}}, node: fn3,
+		want: st(1, []*pb.VirtualServer{cip(rsr("198.19.1.5", false, ReasonZoneHint), rsr("198.19.3.5", true, ReasonZoneHint))},
+			loopEntry(v4, "198.19.3.5", 8080, tcp), cipE),
+	}, {
 		name: "zone hints: no endpoint for the node's zone ignores hints",
 		in:   Input{Service: web, Slices: []*model.EndpointSlice{zoneSlice}}, node: fn4,
 		want: st(0, []*pb.VirtualServer{cip(rs("198.19.1.5", 8080, false), rs("198.19.2.5", 8080, false), rs("198.19.3.5", 8080, false))}, cipE),
