@@ -1,0 +1,171 @@
+package integration_test
+
+import (
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/vsplane/vsplane/controlplane/app"
+	"github.com/vsplane/vsplane/controlplane/engine"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/controlplane/watch"
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/e2e/kubeenv"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// runControlPlane runs a replica with cfg on ln until the returned stop is
+// called.
+func runControlPlane(t *testing.T, ctx context.Context, kube kubernetes.Interface, ln net.Listener, cfg translate.Config) (stop func()) {
+	t.Helper()
+	r, err := app.New(app.Config{
+		Kube: kube, GRPCListener: ln, Translate: cfg,
+		Watch:  watch.Options{MinInterval: 20 * time.Millisecond},
+		Logger: zaptest.NewLogger(t).Named("cp"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("control plane: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestBadInputAndSettingsAgainstRealAPIServer: a Service whose external IP
+// would take over another Service's NodePort on a node is told why (problem
+// in ExplainService, counter) while everything else stays programmed; and a
+// changed control-plane configuration reaches a running agent without
+// restarting it.
+func TestBadInputAndSettingsAgainstRealAPIServer(t *testing.T) {
+	env := kubeenv.StartForTest(t)
+	kube, err := kubernetes.NewForConfig(env.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if _, err := kube.CoreV1().Nodes().Create(ctx, node("node-a", "198.19.0.11"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	stopCP := runControlPlane(t, ctx, kube, ln, translate.Config{TCPTimeout: 900 * time.Second})
+	mem := memory.New()
+	a := startAgent(t, ctx, addr, "node-a", mem, t.TempDir())
+	t.Cleanup(func() { a.stop(t) })
+
+	const ns = "default"
+	np := clusterIPService(ns, "np", 80)
+	np.Spec.Type = corev1.ServiceTypeNodePort
+	np.Spec.Ports[0].NodePort = 30080
+	mustCreateService(t, ctx, kube, np)
+	hijack := clusterIPService(ns, "hijack", 30080)
+	hijack.Spec.ExternalIPs = []string{"198.19.0.11", "198.18.100.1"}
+	hijackIP := mustCreateService(t, ctx, kube, hijack)
+	fine := mustCreateService(t, ctx, kube, clusterIPService(ns, "fine", 80))
+	mustCreateSlice(t, ctx, kube, endpointSlice(ns, "hijack", []int32{30080}, endpoint{"198.19.1.10", "node-a"}))
+	mustCreateSlice(t, ctx, kube, endpointSlice(ns, "fine", []int32{80}, endpoint{"198.19.1.11", "node-a"}))
+
+	k := mem.Kernel()
+	eventually(t, converge, func() string {
+		st := ipvsState(t, k.IPVS)
+		for _, want := range []string{vsKey(hijackIP, 30080), vsKey("198.18.100.1", 30080), vsKey(fine, 80)} {
+			if _, ok := st[want]; !ok {
+				return "missing " + want + " in " + strings.Join(slicesOfKeys(st), " ")
+			}
+		}
+		return ""
+	})
+	// The external IP equal to node-a's address is not programmed for
+	// hijack: on node-a that virtual server is np's NodePort.
+	if dests, ok := ipvsState(t, k.IPVS)[vsKey("198.19.0.11", 30080)]; ok && slices.Contains(dests, "198.19.1.10:8080 w=1") {
+		t.Errorf("hijack's backend serves node-a's NodePort 30080: %v", dests)
+	}
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	inspect := vsplanev1.NewInspectServiceClient(conn)
+	resp, err := inspect.ExplainService(ctx, &vsplanev1.ExplainServiceRequest{NodeName: "node-a", Namespace: ns, Name: "hijack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(resp.GetProblems(), func(p string) bool {
+		return strings.Contains(p, string(engine.ReasonExternalIPConflict)) && strings.Contains(p, "198.19.0.11") && strings.Contains(p, "default/np")
+	}) {
+		t.Errorf("ExplainService(hijack) problems do not explain the conflict: %q", resp.GetProblems())
+	}
+	resp, err = inspect.ExplainService(ctx, &vsplanev1.ExplainServiceRequest{NodeName: "node-a", Namespace: ns, Name: "fine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetProblems()) != 0 {
+		t.Errorf("an unrelated Service shows problems: %q", resp.GetProblems())
+	}
+
+	if got, err := k.IPVS.Timeouts(); err != nil || got.TCP != 900*time.Second {
+		t.Fatalf("timeouts %+v (%v), want tcp 900s from the control plane", got, err)
+	}
+
+	// New configuration, same agent process: the node settings resource
+	// changes and the agent applies it on reconnect.
+	stopCP()
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runControlPlane(t, ctx, kube, ln2, translate.Config{TCPTimeout: 1000 * time.Second, UDPTimeout: 30 * time.Second, StrictARP: true})
+	eventually(t, converge, func() string {
+		got, err := k.IPVS.Timeouts()
+		if err != nil {
+			return err.Error()
+		}
+		if got.TCP != 1000*time.Second || got.UDP != 30*time.Second {
+			return "timeouts not updated: " + got.TCP.String() + " " + got.UDP.String()
+		}
+		for _, name := range []string{kernel.SysctlArpIgnoreAll, kernel.SysctlArpAnnounceAll} {
+			if v, err := k.Sysctl.Get(name); err != nil || v == 0 {
+				return "strict ARP sysctl " + name + " not set"
+			}
+		}
+		return ""
+	})
+}
+
+func slicesOfKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
