@@ -557,9 +557,9 @@ func (r *Reconciler) rulesInput(fam kernel.Family, s settings, liberal bool) rul
 	if in.NonEmpty.Has(rules.SetLoadBalancerFW) {
 		// Only clusters with loadBalancerSourceRanges pay for this scan.
 		var fw, sourceIP []kernel.Entry
-		for ek := range r.store.entryRefs {
+		for ek, owners := range r.store.entryRefs {
 			switch {
-			case ek.set.family != fam:
+			case ek.set.family != fam, !r.entryAdmitted(ek, owners):
 			case ek.set.set == rules.SetLoadBalancerFW:
 				fw = append(fw, ek.entry)
 			case ek.set.set == rules.SetLoadBalancerSourceIP:
