@@ -139,6 +139,7 @@ func (s *Server) compareVirtualServers(resp *vsplanev1.GetKernelStateResponse, d
 		if wanted {
 			out.Desired = vsConfig(d.VirtualServer.Normalize())
 			out.Resources = d.Resources
+			out.Reject, out.NodePort = d.Reject, d.NodePort
 		}
 		rsDiffer := compareRealServers(resp, out, d.Destinations, kernelDests, drains[key])
 		switch {

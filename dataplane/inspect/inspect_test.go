@@ -318,3 +318,35 @@ func TestListen(t *testing.T) {
 	}
 	_ = tl.Close()
 }
+
+// TestRejectShown: a Local policy without local endpoints is a virtual
+// server with no real servers on purpose, and inspection says so.
+func TestRejectShown(t *testing.T) {
+	mk := memory.New()
+	r, err := reconcile.New(mk.Kernel(), reconcile.Config{}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rej := service("local", "198.18.0.12", 80)
+	vs := rej.GetService().GetVirtualServers()[0]
+	vs.Reject, vs.TrafficPolicy = true, vsplanev1.TrafficPolicy_TRAFFIC_POLICY_LOCAL
+	ack := r.Apply(context.Background(), &vsplanev1.Delta{Nonce: "1", ReplaceAll: true, Resources: []*vsplanev1.Resource{
+		settings(), rej, service("a", "198.18.0.10", 80, "198.19.1.2")}})
+	if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		t.Fatalf("apply: %v %v", ack.GetStatus(), ack.GetErrors())
+	}
+	resp, err := serve(t, r, mk).GetKernelState(context.Background(), &vsplanev1.GetKernelStateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, v := range resp.GetVirtualServers() {
+		got[v.GetKey()] = v.GetReject()
+		if v.GetStatus() != vsplanev1.ItemStatus_ITEM_STATUS_IN_SYNC {
+			t.Errorf("%s: %v", v.GetKey(), v.GetStatus())
+		}
+	}
+	if want := map[string]bool{"tcp/198.18.0.12:80": true, "tcp/198.18.0.10:80": false}; !cmp.Equal(want, got) {
+		t.Fatalf("reject flags %v, want %v", got, want)
+	}
+}

@@ -318,7 +318,12 @@ type VirtualServerState struct {
 	// Resources asking for it.
 	Resources []string `protobuf:"bytes,9,rep,name=resources,proto3" json:"resources,omitempty"`
 	// Sorted by address and port.
-	RealServers   []*RealServerState `protobuf:"bytes,10,rep,name=real_servers,json=realServers,proto3" json:"real_servers,omitempty"`
+	RealServers []*RealServerState `protobuf:"bytes,10,rep,name=real_servers,json=realServers,proto3" json:"real_servers,omitempty"`
+	// Desired with no real servers on purpose: a Local traffic policy without
+	// a local endpoint; IPVS answers clients with ICMP port-unreachable.
+	Reject bool `protobuf:"varint,11,opt,name=reject,proto3" json:"reject,omitempty"`
+	// Expanded from a NodePort onto one of this node's NodePort addresses.
+	NodePort      bool `protobuf:"varint,12,opt,name=node_port,json=nodePort,proto3" json:"node_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -421,6 +426,20 @@ func (x *VirtualServerState) GetRealServers() []*RealServerState {
 		return x.RealServers
 	}
 	return nil
+}
+
+func (x *VirtualServerState) GetReject() bool {
+	if x != nil {
+		return x.Reject
+	}
+	return false
+}
+
+func (x *VirtualServerState) GetNodePort() bool {
+	if x != nil {
+		return x.NodePort
+	}
+	return false
 }
 
 // RealServerState is one real server on both sides.
@@ -705,7 +724,7 @@ const file_vsplane_v1_agent_inspect_proto_rawDesc = "" +
 	"\tscheduler\x18\x01 \x01(\tR\tscheduler\x12\x14\n" +
 	"\x05flags\x18\x02 \x03(\tR\x05flags\x12>\n" +
 	"\x1bpersistence_timeout_seconds\x18\x03 \x01(\rR\x19persistenceTimeoutSeconds\x12\x18\n" +
-	"\anetmask\x18\x04 \x01(\rR\anetmask\"\x8a\x03\n" +
+	"\anetmask\x18\x04 \x01(\rR\anetmask\"\xbf\x03\n" +
 	"\x12VirtualServerState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
@@ -717,7 +736,9 @@ const file_vsplane_v1_agent_inspect_proto_rawDesc = "" +
 	"\adesired\x18\b \x01(\v2\x1f.vsplane.v1.VirtualServerConfigR\adesired\x12\x1c\n" +
 	"\tresources\x18\t \x03(\tR\tresources\x12>\n" +
 	"\freal_servers\x18\n" +
-	" \x03(\v2\x1b.vsplane.v1.RealServerStateR\vrealServers\"\xb9\x02\n" +
+	" \x03(\v2\x1b.vsplane.v1.RealServerStateR\vrealServers\x12\x16\n" +
+	"\x06reject\x18\v \x01(\bR\x06reject\x12\x1b\n" +
+	"\tnode_port\x18\f \x01(\bR\bnodePort\"\xb9\x02\n" +
 	"\x0fRealServerState\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12.\n" +
