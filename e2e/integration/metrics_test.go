@@ -67,6 +67,17 @@ func TestMetricsAgainstRealAPIServer(t *testing.T) {
 		}
 		return ""
 	})
+	// Each agent has its initial state before the change below, so the
+	// change is a delta of its own (connected is not enough: the first
+	// delta waits for the initial sync, which could include the change).
+	for _, n := range nodes {
+		eventually(t, converge, func() string {
+			if len(log.acksFor(n)) == 0 {
+				return n + " has not acknowledged its initial state"
+			}
+			return ""
+		})
+	}
 
 	// The change: a Service and its EndpointSlice, the slice carrying the
 	// EndpointSlice controller's trigger-time annotation.
