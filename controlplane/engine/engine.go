@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,7 +63,9 @@ type serviceEntry struct {
 	// Derived by recompute, reused for nodes that appear later.
 	in       translate.Input
 	variants translate.Variants
-	common   *vsplanev1.Resource
+	// shared caches one resource per variant key nodes share (every key
+	// but "node/..."); reset whenever the Service is recomputed.
+	shared map[string]*vsplanev1.Resource
 }
 
 type nodeEntry struct {
@@ -256,7 +259,7 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 	se := e.services[k]
 	if se == nil || se.svc == nil {
 		if se != nil {
-			se.in, se.variants, se.common = translate.Input{}, translate.Variants{}, nil
+			se.in, se.variants, se.shared = translate.Input{}, translate.Variants{}, nil
 			se.conflictProblems = nil
 		}
 		for n := range e.nodes {
@@ -267,7 +270,7 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 		return
 	}
 	e.derive(se)
-	se.common = nil
+	se.shared = nil
 	for n, ne := range e.nodes {
 		if _, ok := skip[n]; ok {
 			continue
@@ -314,12 +317,13 @@ func (e *Engine) derive(se *serviceEntry) {
 	se.variants = translate.VariantsOf(se.in)
 }
 
-// variantFor returns the resource of se for node n: the cached common
-// variant, or a per-node translation.
+// variantFor returns the resource of se for node n: the cached value of
+// n's variant key, or a fresh translation (always for "node/..." keys).
 func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource {
 	key := se.variants.Key(n)
-	if key == "" && se.common != nil {
-		return se.common
+	perNode := strings.HasPrefix(key, "node/")
+	if r, ok := se.shared[key]; ok && !perNode {
+		return r
 	}
 	r, err := snapshot.NewServiceResource(translate.Service(se.in, n, e.cfg.Translate))
 	e.translations.Inc()
@@ -329,8 +333,11 @@ func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource
 		e.invalid.WithLabelValues("Service", "encode_error").Inc()
 		return nil
 	}
-	if key == "" {
-		se.common = r
+	if !perNode {
+		if se.shared == nil {
+			se.shared = map[string]*vsplanev1.Resource{}
+		}
+		se.shared[key] = r
 	}
 	return r
 }

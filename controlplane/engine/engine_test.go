@@ -289,3 +289,37 @@ func TestNodeUpdate(t *testing.T) {
 	// The zone change refilled the node; its Services are still there.
 	get(t, st, "n1", "service/ns/a")
 }
+
+// Nodes sharing a non-"" variant key (here: a hinted zone) share one
+// translation and one value too.
+func TestZoneVariantsTranslatedOncePerZone(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	zones := map[string]string{"e1": "z1", "e2": "z2", "z1a": "z1", "z1b": "z1", "z2a": "z2", "z2b": "z2"}
+	for n, z := range zones {
+		c.Nodes[n] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{Name: n, Zone: z}}}
+	}
+	setService(c, "web", "198.18.0.10", time.Time{})
+	hinted := func(addr, node, zone string) model.Endpoint {
+		ep := ready(addr, node)
+		ep.Zone, ep.ForZones = zone, []string{zone}
+		return ep
+	}
+	setSlice(c, "web", "web-1", time.Time{}, hinted("198.19.1.5", "e1", "z1"), hinted("198.19.2.5", "e2", "z2"))
+	apply(t, e, c)
+
+	const name = "service/ns/web"
+	if get(t, st, "z1a", name) != get(t, st, "z1b", name) || get(t, st, "z2a", name) != get(t, st, "z2b", name) {
+		t.Error("nodes of one zone do not share their value")
+	}
+	if get(t, st, "z1a", name) == get(t, st, "z2a", name) {
+		t.Error("zones z1 and z2 share a value although their hints differ")
+	}
+	if rs := get(t, st, "z1a", name).GetService().VirtualServers[0].RealServers; len(rs) != 1 || rs[0].Address != "198.19.1.5" {
+		t.Errorf("zone z1 real servers %v, want only its own endpoint", rs)
+	}
+	// e1, e2 (they host endpoints), zone/z1, zone/z2.
+	if got := counter(e.translations); got != 4 {
+		t.Errorf("translations = %v, want 4 (one per distinct key)", got)
+	}
+}
