@@ -23,7 +23,9 @@ import (
 // Addresses the Services below use (contract: external IPs 198.18.100.x,
 // LB IPs 198.18.200.x).
 const (
-	extIP       = "198.18.100.1"
+	extIP = "198.18.100.1"
+	// extLocalIP is also on node2's eth0: node2 must not bind it to kube-ipvs0.
+	extLocalIP  = "198.18.100.2"
 	lbIP        = "198.18.200.1"
 	lbLocalIP   = "198.18.200.2"
 	sctpPackage = "./e2e/vm/cmd/sctphelper"
@@ -120,7 +122,7 @@ func TestVMServiceSemantics(t *testing.T) {
 
 // services holds the Services createAll made, as the apiserver returned them.
 type services struct {
-	np, ext, lb, aff, loc, term, zone, dual, itp, other *corev1.Service
+	np, ext, ext2, lb, aff, loc, term, zone, dual, itp, other *corev1.Service
 }
 
 func (e *semEnv) createAll(t *testing.T) *services {
@@ -134,6 +136,14 @@ func (e *semEnv) createAll(t *testing.T) *services {
 	ext.Spec.ExternalIPs = []string{extIP}
 	s.ext = e.create(t, ext)
 	e.slice(t, s.ext, discoveryv1.AddressTypeIPv4, both...)
+
+	if _, err := e.c.RunInNode(e.ctx, "node2", "/usr/sbin/ip addr add "+extLocalIP+"/32 dev eth0"); err != nil {
+		t.Fatal(err)
+	}
+	ext2 := service("ext2", corev1.ServiceTypeClusterIP, 80, corev1.ProtocolTCP)
+	ext2.Spec.ExternalIPs = []string{extLocalIP}
+	s.ext2 = e.create(t, ext2)
+	e.slice(t, s.ext2, discoveryv1.AddressTypeIPv4, both...)
 
 	lb := service("lb", corev1.ServiceTypeLoadBalancer, 80, corev1.ProtocolTCP)
 	lb.Spec.LoadBalancerSourceRanges = []string{e.client.IP + "/32"}
@@ -246,8 +256,19 @@ func (e *semEnv) externalIP(t *testing.T, s *services) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(addrs, " "+extIP+"/32 ") || !strings.Contains(addrs, " "+extLocalIP+"/32 ") {
+		t.Errorf("external IPs %s and %s are not both bound to node1's kube-ipvs0 (no other interface holds them):\n%s", extIP, extLocalIP, addrs)
+	}
+	// node2 holds extLocalIP on eth0: served, but not bound to kube-ipvs0.
+	e.await(t, e.client2, "tcp", hostPort(extLocalIP, 80), 10, only("pod-a", "pod-b"))
+	if addrs, err = e.kubeIPVS0(e.ctx, "node2"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(addrs, " "+extLocalIP+"/") {
+		t.Errorf("node2 bound %s to kube-ipvs0 although its eth0 holds it:\n%s", extLocalIP, addrs)
+	}
 	if !strings.Contains(addrs, " "+extIP+"/32 ") {
-		t.Errorf("external IP %s is not bound to node1's kube-ipvs0 (no other interface holds it):\n%s", extIP, addrs)
+		t.Errorf("external IP %s is not bound to node2's kube-ipvs0:\n%s", extIP, addrs)
 	}
 }
 
@@ -474,6 +495,14 @@ ipvsadm -A --sctp-service 198.18.0.250:9 && ipvsadm -D --sctp-service 198.18.0.2
 	e.await(t, e.client, "sctp", hostPort(svc.Spec.ClusterIP, 80), 10, only("pod-a", "pod-b"))
 	e.await(t, e.client, "sctp", hostPort(e.node1.IP, np), 10, only("pod-a", "pod-b"))
 	e.await(t, e.nodeNs(e.node1), "sctp", hostPort(e.node2.IP, np), 10, only("pod-a", "pod-b"))
+	// SCTP NodePorts live in the hash:ip,port set, one entry per node address.
+	sets, err := e.c.RunInNode(e.ctx, "node1", "ipset list KUBE-NODE-PORT-SCTP-HASH")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%s,sctp:%d", e.node1.IP, np); !strings.Contains(sets, want) {
+		t.Errorf("KUBE-NODE-PORT-SCTP-HASH on node1 lacks %s:\n%s", want, sets)
+	}
 }
 
 func (e *semEnv) itpLocal(t *testing.T, s *services) {
