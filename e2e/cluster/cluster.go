@@ -63,6 +63,10 @@ type Options struct {
 	IPv6 bool
 	// GoPackages are extra Go packages built (static) into the guest's /usr/local/bin.
 	GoPackages []string
+	// Translate is the control plane's translation config (node settings:
+	// strictARP, IPVS timeouts, nodePortAddresses, excludeCIDRs...). Empty
+	// ClusterCIDRs default to the pod CIDRs.
+	Translate translate.Config
 	// Binaries are extra static host executables put in the guest's /usr/local/bin.
 	Binaries []string
 	// Kube configures etcd + kube-apiserver.
@@ -175,7 +179,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		// network address) to a ClusterIP is then masqueraded like kube-proxy
 		// does for off-cluster sources, so replies from other nodes' pods come
 		// back through the node that did the IPVS DNAT.
-		Translate: translate.Config{ClusterCIDRs: podCIDRs(opts.Nodes, opts.IPv6)},
+		Translate: opts.translateConfig(),
 		Logger:    log.Named("controlplane"),
 	})
 	if err != nil {
@@ -238,6 +242,14 @@ func (c *Cluster) buildTopology(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func (o Options) translateConfig() translate.Config {
+	cfg := o.Translate
+	if len(cfg.ClusterCIDRs) == 0 {
+		cfg.ClusterCIDRs = podCIDRs(o.Nodes, o.IPv6)
+	}
+	return cfg
 }
 
 // podCIDRs are the pod networks of nodes 1..n (198.19.N.0/24, as

@@ -1,0 +1,147 @@
+package vmtests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/vm"
+)
+
+// TestVMNodeSettings checks the node settings the control plane pushes
+// (issue 4 items 4 and 10) on a real kernel: strictARP sysctls, IPVS
+// timeouts, nodePortAddresses limiting where NodePorts answer, and
+// excludeCIDRs protecting foreign virtual servers from the agent's prune.
+func TestVMNodeSettings(t *testing.T) {
+	deadline := time.Now().Add(6 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-20*time.Second).Before(deadline) {
+		deadline = d.Add(-20 * time.Second)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+
+	c, err := cluster.Start(ctx, cluster.Options{
+		Nodes:           1,
+		Pods:            [][]string{{"pod-a"}},
+		ReconcilePeriod: reconcilePeriod,
+		Translate: translate.Config{
+			StrictARP:  true,
+			TCPTimeout: 900 * time.Second, TCPFinTimeout: 60 * time.Second, UDPTimeout: 120 * time.Second,
+			// Only the node network: not the pod gateway 198.19.1.1 on the pod veths.
+			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix(vm.NodeNet)},
+			ExcludeCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.250.0/24")},
+		},
+		Log: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
+	})
+	if err != nil {
+		if errors.Is(err, vm.ErrDepsMissing) {
+			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
+		}
+		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
+	}
+	defer func() {
+		if t.Failed() {
+			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if l, err := c.AgentLog(lctx, "node1"); err == nil {
+				t.Logf("agent node1 log tail:\n%s", tail(l, 40))
+			}
+			lcancel()
+		}
+		if err := c.Stop(); err != nil {
+			t.Errorf("teardown: %v", err)
+		}
+	}()
+	t.Logf("cluster up in %v", time.Since(start).Round(time.Millisecond))
+	e := &semEnv{c: c, ctx: ctx, client: c.Client, node1: c.Nodes[0]}
+	node := e.node1
+
+	svc := e.create(t, service("np", corev1.ServiceTypeNodePort, 80, corev1.ProtocolTCP))
+	e.slice(t, svc, discoveryv1.AddressTypeIPv4, e.pods(t, false, "pod-a")...)
+	np := nodePortOf(t, svc, corev1.ProtocolTCP)
+
+	t.Run("strictARP and IPVS timeouts", func(t *testing.T) {
+		mustAwait(t, ctx, func(ctx context.Context) error {
+			out, err := c.RunInNode(ctx, "node1", "cat /proc/sys/net/ipv4/conf/all/arp_ignore /proc/sys/net/ipv4/conf/all/arp_announce; ipvsadm -L --timeout")
+			if err != nil {
+				return err
+			}
+			f := strings.Fields(out)
+			if len(f) < 2 || f[0] != "1" || f[1] != "2" {
+				return fmt.Errorf("strictARP: want arp_ignore 1 and arp_announce 2, have:\n%s", out)
+			}
+			if !strings.Contains(out, "Timeout (tcp tcpfin udp): 900 60 120") {
+				return fmt.Errorf("want IPVS timeouts 900 60 120, have:\n%s", out)
+			}
+			return nil
+		})
+	})
+
+	t.Run("nodePortAddresses limit the NodePort to the selected addresses", func(t *testing.T) {
+		e.await(t, e.client, "tcp", hostPort(node.IP, np), 5, only("pod-a"))
+		if err := c.AwaitAcked(ctx, converge); err != nil {
+			t.Fatal(err)
+		}
+		tab, err := e.table(ctx, "node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// node1 also holds 198.19.1.1 (its side of the pod veth), outside
+		// nodePortAddresses: no virtual server there, nothing answers.
+		if got := tab.Find(node.PodGW, np); len(got) != 0 {
+			t.Errorf("NodePort programmed on %s, outside nodePortAddresses %s: %v", node.PodGW, vm.NodeNet, got)
+		}
+		out := e.mustFail(t, e.client, "tcp", hostPort(node.PodGW, np), 2, "1s")
+		t.Logf("client -> %s:%d (not a NodePort address): %q", node.PodGW, np, failLines(out))
+	})
+
+	t.Run("excludeCIDRs keep foreign virtual servers through the prune", func(t *testing.T) {
+		// Both addresses on kube-ipvs0 make the virtual servers look like
+		// the agent's own; only the one outside excludeCIDRs may go.
+		if _, err := c.RunInNode(ctx, "node1", `set -e
+/usr/sbin/ip addr add 198.18.250.1/32 dev kube-ipvs0
+/usr/sbin/ip addr add 198.18.251.1/32 dev kube-ipvs0
+ipvsadm -A -t 198.18.250.1:80 -s rr
+ipvsadm -A -t 198.18.251.1:80 -s rr`); err != nil {
+			t.Fatal(err)
+		}
+		err := cluster.Await(ctx, reconcilePeriod+30*time.Second, poll, func(ctx context.Context) error {
+			tab, err := e.table(ctx, "node1")
+			if err != nil {
+				return err
+			}
+			if len(tab.Find("198.18.251.1", 80)) != 0 {
+				return fmt.Errorf("foreign virtual server 198.18.251.1:80 (outside excludeCIDRs) not pruned:\n%s", tab)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tab, err := e.table(ctx, "node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tab.Find("198.18.250.1", 80)) != 1 {
+			t.Errorf("virtual server 198.18.250.1:80 inside excludeCIDRs was deleted:\n%s", tab)
+		}
+		addrs, err := e.kubeIPVS0(ctx, "node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(addrs, " 198.18.250.1/32 ") {
+			t.Errorf("198.18.250.1 (inside excludeCIDRs) was unbound from kube-ipvs0:\n%s", addrs)
+		}
+	})
+}
