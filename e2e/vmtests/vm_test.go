@@ -3,7 +3,8 @@
 // vsplane-agents in node network namespaces of the QEMU test bed (e2e/vm),
 // with traffic from a client namespace through IPVS to pod namespaces. It
 // also runs the kernel contract suite (dataplane/kernel/linux, tag vmtest)
-// inside the VM. Missing QEMU, kernel or apiserver binaries fail the test:
+// and the ipvs-match iptables read-back (dataplane/rules, tag vmtest) inside
+// the VM. Missing QEMU, kernel or apiserver binaries fail the test:
 // run scripts/vm/deps.sh and scripts/kube/build.sh.
 package vmtests
 
@@ -60,14 +61,15 @@ func TestVM(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
-	kernelTest := buildKernelTest(t, ctx)
-	phase("build kernel-linux.test")
+	kernelTest := buildTestBinary(t, ctx, "./dataplane/kernel/linux", "kernel-linux.test")
+	rulesTest := buildTestBinary(t, ctx, "./dataplane/rules", "rules.test")
+	phase("build kernel-linux.test, rules.test")
 
 	c, err := cluster.Start(ctx, cluster.Options{
 		Nodes:           2,
 		Pods:            [][]string{{"pod-a"}, {"pod-b", "pod-c"}},
 		ReconcilePeriod: reconcilePeriod,
-		Binaries:        []string{kernelTest},
+		Binaries:        []string{kernelTest, rulesTest},
 		Log:             zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 	})
 	if err != nil {
@@ -273,10 +275,30 @@ func TestVM(t *testing.T) {
 		}
 	})
 	phase("g: kernel contract suite")
+
+	// The iptables rules whose matches this host's kernel lacks (the ipvs
+	// match of KUBE-IPVS-OUT-FILTER) must load and read back unchanged on
+	// the real kernel, legacy and nft, v4 and v6.
+	t.Run("h: iptables rules with the ipvs match on the real kernel", func(t *testing.T) {
+		hctx, hcancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer hcancel()
+		res, err := c.VM.Run(hctx, "cd /tmp && "+filepath.Base(rulesTest)+" -test.v -test.run TestRealIPVSMatchReadBack -test.timeout 90s 2>&1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		passed := strings.Count(res.Stdout, "--- PASS")
+		t.Logf("rules.test: exit %d, %d PASS lines", res.ExitCode, passed)
+		if res.ExitCode != 0 || res.TimedOut || !strings.Contains(res.Stdout, "\nPASS") || passed == 0 {
+			t.Fatalf("ipvs-match rules failed in the VM (exit %d, timed out %v); failures:\n%s\n...\n%s",
+				res.ExitCode, res.TimedOut, failures(res.Stdout), tail(res.Stdout, 10))
+		}
+	})
+	phase("h: ipvs-match rules")
 }
 
-// buildKernelTest builds the vmtest-tagged kernel/linux test binary (static).
-func buildKernelTest(t *testing.T, ctx context.Context) string {
+// buildTestBinary builds the vmtest-tagged test binary of pkg (static), to
+// run inside the VM.
+func buildTestBinary(t *testing.T, ctx context.Context, pkg, name string) string {
 	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
@@ -286,12 +308,12 @@ func buildKernelTest(t *testing.T, ctx context.Context) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "kernel-linux.test")
-	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-tags", "vmtest", "-o", out, "./dataplane/kernel/linux")
+	out := filepath.Join(t.TempDir(), name)
+	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-tags", "vmtest", "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build kernel-linux.test: %v\n%s", err, b)
+		t.Fatalf("build %s: %v\n%s", name, err, b)
 	}
 	return out
 }
