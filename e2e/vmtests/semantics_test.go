@@ -238,6 +238,9 @@ func (e *semEnv) nodePort(t *testing.T, s *services) {
 	}
 	e.await(t, e.nodeNs(e.node2), "tcp", hostPort(e.node1.IP, tcp), 10, only("pod-a", "pod-b"))
 	e.await(t, e.client, "tcp", hostPort(e.node2.IP, tcp), 10, only("pod-a", "pod-b"))
+	// Empty nodePortAddresses: every node address, the pod gateway on the
+	// pod veths too (TestVMNodeSettings checks the restricted case).
+	e.await(t, e.client, "tcp", hostPort(e.node1.PodGW, tcp), 10, only("pod-a", "pod-b"))
 	e.await(t, e.client, "udp", hostPort(e.node1.IP, udp), 20, only("pod-a", "pod-b"))
 	e.await(t, e.nodeNs(e.node1), "udp", hostPort(e.node2.IP, udp), 10, only("pod-a", "pod-b"))
 	addrs, err := e.kubeIPVS0(e.ctx, "node1")
