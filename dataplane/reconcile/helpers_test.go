@@ -170,7 +170,14 @@ func wantState(t *testing.T, mk *memory.Kernel, want kernelState) {
 
 func natRules(t *testing.T, mk *memory.Kernel, chain string) []string {
 	t.Helper()
-	b, err := mk.Kernel().IPTables.Save(context.Background(), kernel.FamilyIPv4, kernel.TableNAT)
+	return chainRules(t, mk, kernel.TableNAT, chain)
+}
+
+// chainRules returns the IPv4 rules of chain in table, as iptables-save
+// prints them.
+func chainRules(t *testing.T, mk *memory.Kernel, table kernel.Table, chain string) []string {
+	t.Helper()
+	b, err := mk.Kernel().IPTables.Save(context.Background(), kernel.FamilyIPv4, table)
 	if err != nil {
 		t.Fatal(err)
 	}

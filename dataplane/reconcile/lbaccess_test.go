@@ -1,7 +1,6 @@
 package reconcile
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -9,20 +8,6 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
-
-func filterRules(t *testing.T, mk *memory.Kernel, chain string) []string {
-	t.Helper()
-	b, err := mk.Kernel().IPTables.Save(context.Background(), kernel.FamilyIPv4, kernel.TableFilter)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := kernel.ParseSave(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := d[0].Chain(chain)
-	return c.Rules
-}
 
 // lbWithSourceRanges is an LB Service resource with loadBalancerSourceRanges
 // as the control plane sends it; allowFromNode adds the SOURCE-IP entry that
@@ -61,12 +46,12 @@ func TestLoadBalancerNoNodeAccessRules(t *testing.T) {
 	drop := "-s 198.18.200.1/32 -m ipvs --vproto 6 --vaddr 198.18.200.1 --vport 80 -j DROP"
 
 	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), lbWithSourceRanges(false))))
-	if got := filterRules(t, mk, "KUBE-IPVS-OUT-FILTER"); !slices.Contains(got, drop) {
+	if got := chainRules(t, mk, kernel.TableFilter, "KUBE-IPVS-OUT-FILTER"); !slices.Contains(got, drop) {
 		t.Fatalf("KUBE-IPVS-OUT-FILTER = %q, want the node's access dropped: %q", got, drop)
 	}
 
 	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), lbWithSourceRanges(true))))
-	if got := filterRules(t, mk, "KUBE-IPVS-OUT-FILTER"); len(got) != 0 {
+	if got := chainRules(t, mk, kernel.TableFilter, "KUBE-IPVS-OUT-FILTER"); len(got) != 0 {
 		t.Fatalf("KUBE-IPVS-OUT-FILTER = %q, want empty when a range allows the node", got)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +17,6 @@ import (
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/engine"
 	"github.com/vsplane/vsplane/controlplane/translate"
-	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
@@ -29,29 +27,7 @@ import (
 // called.
 func runControlPlane(t *testing.T, ctx context.Context, kube kubernetes.Interface, ln net.Listener, cfg translate.Config) (stop func()) {
 	t.Helper()
-	r, err := app.New(app.Config{
-		Kube: kube, GRPCListener: ln, Translate: cfg,
-		Watch:  watch.Options{MinInterval: 20 * time.Millisecond},
-		Logger: zaptest.NewLogger(t).Named("cp"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("control plane: %v", err)
-		}
-	}
-	t.Cleanup(stop)
+	_, stop = runReplica(t, ctx, app.Config{Kube: kube, GRPCListener: ln, Translate: cfg})
 	return stop
 }
 

@@ -20,7 +20,6 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/stream"
-	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
@@ -86,32 +85,45 @@ func (l *deltaLog) acksFor(node string) []stream.AckEvent {
 	return out
 }
 
-// controlPlane starts a replica in-process on a real loopback socket.
-func startControlPlane(t *testing.T, ctx context.Context, kube kubernetes.Interface, log *deltaLog) (*app.Replica, string) {
+// runReplica runs a control-plane replica in-process until the returned
+// stop is called (at the latest by the test's cleanup, which runs before
+// the test's context is cancelled).
+func runReplica(t *testing.T, ctx context.Context, cfg app.Config) (*app.Replica, func()) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t).Named("cp")
 	}
-	r, err := app.New(app.Config{
-		Kube:         kube,
-		GRPCListener: ln,
-		Watch:        watch.Options{MinInterval: 20 * time.Millisecond},
-		Stream:       stream.Options{Hooks: log.hooks()},
-		Logger:       zaptest.NewLogger(t).Named("cp"),
-	})
+	if cfg.Watch.MinInterval == 0 {
+		cfg.Watch.MinInterval = 20 * time.Millisecond
+	}
+	r, err := app.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("control plane: %v", err)
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("control plane: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return r, stop
+}
+
+// startControlPlane starts a replica in-process on a real loopback socket.
+func startControlPlane(t *testing.T, ctx context.Context, kube kubernetes.Interface, log *deltaLog) (*app.Replica, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := runReplica(t, ctx, app.Config{Kube: kube, GRPCListener: ln, Stream: stream.Options{Hooks: log.hooks()}})
 	return r, ln.Addr().String()
 }
 

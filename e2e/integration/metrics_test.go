@@ -22,7 +22,6 @@ import (
 	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/stream"
-	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
@@ -200,27 +199,11 @@ func startControlPlaneWithMetrics(t *testing.T, ctx context.Context, kube kubern
 	t.Helper()
 	grpcLn := listen(t)
 	metricsLn := listen(t)
-	r, err := app.New(app.Config{
+	runReplica(t, ctx, app.Config{
 		Kube:            kube,
 		GRPCListener:    grpcLn,
 		MetricsListener: metricsLn,
-		Watch:           watch.Options{MinInterval: 20 * time.Millisecond},
 		Stream:          stream.Options{Hooks: log.hooks()},
-		Logger:          zaptest.NewLogger(t).Named("cp"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last-registered first: stop the replica here instead of
-	// waiting for the test's ctx, which is cancelled after this cleanup.
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("control plane: %v", err)
-		}
 	})
 	return grpcLn.Addr().String(), metricsLn.Addr().String()
 }
