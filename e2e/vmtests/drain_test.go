@@ -2,7 +2,6 @@ package vmtests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -46,46 +45,17 @@ var drainPorts = []cluster.Port{{Name: "http", Port: 80, Protocol: corev1.Protoc
 // bound; an agent restarted mid-drain keeps draining and leaves the other
 // real server's weight alone.
 func TestVMDrain(t *testing.T) {
-	start := time.Now()
-	last := start
-	phase := func(what string) {
-		t.Logf("%-34s %8v (total %v)", what, time.Since(last).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-		last = time.Now()
-	}
-	deadline := time.Now().Add(8 * time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-20*time.Second).Before(deadline) {
-		deadline = d.Add(-20 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+	run := newVMRun(t, 8*time.Minute)
+	ctx, phase := run.ctx, run.phase
 
 	// The first drain must not reach the bound: 5m is far beyond it.
-	c, err := cluster.Start(ctx, cluster.Options{
+	c := run.startCluster(cluster.Options{
 		Nodes:           2,
 		Pods:            [][]string{{"pod-a"}, {"pod-b"}},
 		ReconcilePeriod: reconcilePeriod,
 		AgentArgs:       fmt.Sprintf("--drain-check-interval %s --max-drain 5m", drainCheck),
 		Log:             zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 	})
-	if err != nil {
-		if errors.Is(err, vm.ErrDepsMissing) {
-			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
-		}
-		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
-	}
-	defer func() {
-		if t.Failed() {
-			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if l, err := c.AgentLog(lctx, "node1"); err == nil {
-				t.Logf("agent node1 log tail:\n%s", tail(l, 40))
-			}
-			lcancel()
-			t.Logf("console tail:\n%s", c.VM.ConsoleTail(20))
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	}()
 	t.Logf("VM build %v, boot %v", c.VM.BuildTime.Round(time.Millisecond), c.VM.BootTime.Round(time.Millisecond))
 	phase("apiserver+control plane+VM+agents")
 

@@ -2,7 +2,6 @@ package vmtests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -39,20 +38,10 @@ const (
 // subtest then checks one rule with traffic that would go elsewhere (or
 // nowhere) without it.
 func TestVMServiceSemantics(t *testing.T) {
-	start := time.Now()
-	last := start
-	phase := func(what string) {
-		t.Logf("%-40s %8v (total %v)", what, time.Since(last).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-		last = time.Now()
-	}
-	deadline := time.Now().Add(9 * time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-20*time.Second).Before(deadline) {
-		deadline = d.Add(-20 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+	run := newVMRun(t, 9*time.Minute)
+	ctx, phase := run.ctx, run.phase
 
-	c, err := cluster.Start(ctx, cluster.Options{
+	c := run.startCluster(cluster.Options{
 		Nodes:           2,
 		Pods:            [][]string{{"pod-a", "pod-a2"}, {"pod-b"}},
 		Zones:           []string{"zone-a", "zone-b"},
@@ -61,31 +50,8 @@ func TestVMServiceSemantics(t *testing.T) {
 		ReconcilePeriod: reconcilePeriod,
 		Log:             zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 	})
-	if err != nil {
-		if errors.Is(err, vm.ErrDepsMissing) {
-			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
-		}
-		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
-	}
 	e := &semEnv{c: c, ctx: ctx, client: c.Client, node1: c.Nodes[0], node2: c.Nodes[1]}
-	defer func() {
-		if t.Failed() {
-			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			for _, n := range c.Nodes {
-				if l, err := c.AgentLog(lctx, n.Name); err == nil {
-					t.Logf("agent %s log tail:\n%s", n.Name, tail(l, 40))
-				}
-				if out, err := c.IPVS(lctx, n.Name); err == nil {
-					t.Logf("%s ipvsadm -Ln:\n%s", n.Name, out)
-				}
-			}
-			lcancel()
-			t.Logf("console tail:\n%s", c.VM.ConsoleTail(30))
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	}()
+	var err error
 	if e.client2, err = c.Topo.AddClient(ctx, "client2", e.node2); err != nil {
 		t.Fatal(err)
 	}

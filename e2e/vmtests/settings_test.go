@@ -2,7 +2,6 @@ package vmtests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -24,15 +23,10 @@ import (
 // timeouts, nodePortAddresses limiting where NodePorts answer, and
 // excludeCIDRs protecting foreign virtual servers from the agent's prune.
 func TestVMNodeSettings(t *testing.T) {
-	deadline := time.Now().Add(6 * time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-20*time.Second).Before(deadline) {
-		deadline = d.Add(-20 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	start := time.Now()
+	run := newVMRun(t, 6*time.Minute)
+	ctx := run.ctx
 
-	c, err := cluster.Start(ctx, cluster.Options{
+	c := run.startCluster(cluster.Options{
 		Nodes:           1,
 		Pods:            [][]string{{"pod-a"}},
 		ReconcilePeriod: reconcilePeriod,
@@ -45,25 +39,7 @@ func TestVMNodeSettings(t *testing.T) {
 		},
 		Log: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 	})
-	if err != nil {
-		if errors.Is(err, vm.ErrDepsMissing) {
-			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
-		}
-		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
-	}
-	defer func() {
-		if t.Failed() {
-			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if l, err := c.AgentLog(lctx, "node1"); err == nil {
-				t.Logf("agent node1 log tail:\n%s", tail(l, 40))
-			}
-			lcancel()
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	}()
-	t.Logf("cluster up in %v", time.Since(start).Round(time.Millisecond))
+	run.phase("cluster up")
 	e := &semEnv{c: c, ctx: ctx, client: c.Client, node1: c.Nodes[0]}
 	node := e.node1
 

@@ -10,7 +10,6 @@ package vmtests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,52 +47,20 @@ var ports = []cluster.Port{
 }
 
 func TestVM(t *testing.T) {
-	start := time.Now()
-	last := start
-	phase := func(what string) {
-		t.Logf("%-34s %8v (total %v)", what, time.Since(last).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-		last = time.Now()
-	}
-	deadline := time.Now().Add(9 * time.Minute)
-	if d, ok := t.Deadline(); ok && d.Add(-20*time.Second).Before(deadline) {
-		deadline = d.Add(-20 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+	run := newVMRun(t, 9*time.Minute)
+	ctx, phase := run.ctx, run.phase
 
 	kernelTest := buildTestBinary(t, ctx, "./dataplane/kernel/linux", "kernel-linux.test")
 	rulesTest := buildTestBinary(t, ctx, "./dataplane/rules", "rules.test")
 	phase("build kernel-linux.test, rules.test")
 
-	c, err := cluster.Start(ctx, cluster.Options{
+	c := run.startCluster(cluster.Options{
 		Nodes:           2,
 		Pods:            [][]string{{"pod-a"}, {"pod-b", "pod-c"}},
 		ReconcilePeriod: reconcilePeriod,
 		Binaries:        []string{kernelTest, rulesTest},
 		Log:             zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 	})
-	if err != nil {
-		if errors.Is(err, vm.ErrDepsMissing) {
-			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
-		}
-		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
-	}
-	defer func() {
-		if t.Failed() {
-			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			for _, n := range c.Nodes {
-				if l, err := c.AgentLog(lctx, n.Name); err == nil {
-					t.Logf("agent %s log tail:\n%s", n.Name, tail(l, 40))
-				}
-			}
-			lcancel()
-			t.Logf("console tail:\n%s", c.VM.ConsoleTail(40))
-			t.Logf("apiserver/etcd log tail:\n%s", c.Env.LogTail(20))
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	}()
 	t.Logf("VM build %v, boot %v; control plane %s", c.VM.BuildTime.Round(time.Millisecond), c.VM.BootTime.Round(time.Millisecond), c.CPAddr)
 	phase("apiserver+control plane+VM+agents")
 
@@ -107,6 +74,7 @@ func TestVM(t *testing.T) {
 	}
 	var vip string
 	ok := t.Run("a: ClusterIP Service with one endpoint per node is programmed and load-balanced", func(t *testing.T) {
+		var err error
 		vip, err = c.CreateService(ctx, ns, svcName, ports, backends("pod-a", "pod-b"))
 		if err != nil {
 			t.Fatal(err)
