@@ -152,3 +152,46 @@ func BenchmarkEndpointChangeNaive(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPeriodicResync measures the hourly self-check at full scale: the
+// longest single Apply (how long a real change can wait behind it) and the
+// whole resync, done at once (the baseline: every Service in one Apply)
+// and in chunks of DefaultResyncSlotsPerApply (what the engine does). Run
+// with -benchtime 1x; each iteration does both.
+func BenchmarkPeriodicResync(b *testing.B) {
+	c := benchSetup(b)
+	ctx := context.Background()
+	run := func(slots int) (longest, total time.Duration, applies int) {
+		c.eng.mu.Lock()
+		c.eng.cfg.ResyncSlotsPerApply = slots
+		c.eng.mu.Unlock()
+		start := time.Now()
+		ch := &watch.Changes{Periodic: true}
+		for {
+			t := time.Now()
+			if err := c.eng.Apply(ctx, ch); err != nil {
+				b.Fatal(err)
+			}
+			longest = max(longest, time.Since(t))
+			applies++
+			if !c.eng.Pending() {
+				return longest, time.Since(start), applies
+			}
+			ch = &watch.Changes{}
+		}
+	}
+	var onceLongest, onceTotal, chunkLongest, chunkTotal time.Duration
+	var chunkApplies int
+	for i := 0; i < b.N; i++ {
+		l, t, _ := run(benchServices * benchNodes)
+		onceLongest, onceTotal = max(onceLongest, l), onceTotal+t
+		l, t, n := run(DefaultResyncSlotsPerApply)
+		chunkLongest, chunkTotal, chunkApplies = max(chunkLongest, l), chunkTotal+t, n
+	}
+	b.ReportMetric(onceLongest.Seconds(), "at-once-longest-apply-s")
+	b.ReportMetric(onceTotal.Seconds()/float64(b.N), "at-once-total-s")
+	b.ReportMetric(chunkLongest.Seconds(), "chunked-longest-apply-s")
+	b.ReportMetric(chunkTotal.Seconds()/float64(b.N), "chunked-total-s")
+	b.ReportMetric(float64(chunkApplies), "chunked-applies")
+	b.ReportMetric(0, "ns/op")
+}

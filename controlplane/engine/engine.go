@@ -5,6 +5,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -25,12 +26,21 @@ import (
 // maxBatch bounds the writes committed to the store at once.
 const maxBatch = 1 << 16
 
+// DefaultResyncSlotsPerApply bounds the periodic self-check's share of one
+// Apply: Services x nodes written (about 0.3 s of work on a 2-core machine).
+const DefaultResyncSlotsPerApply = 1 << 17
+
 // Config configures the engine.
 type Config struct {
 	// Translate is the cluster-wide configuration passed to the translator.
 	Translate translate.Config
 	// Metrics, if set, receives the engine's metrics.
 	Metrics prometheus.Registerer
+	// ResyncSlotsPerApply: a periodic resync rechecks every Service, a
+	// chunk per Apply of at most this many Services x nodes, so changes
+	// never wait behind the whole of it (default DefaultResyncSlotsPerApply;
+	// at least one Service per Apply).
+	ResyncSlotsPerApply int
 }
 
 // Engine implements watch.Sink. Apply must not be called concurrently with
@@ -46,6 +56,8 @@ type Engine struct {
 	nodes      map[string]*nodeEntry
 	conflicts  *conflicts
 	batch      snapshot.Batch
+	// resync: Services the current periodic self-check has still to redo.
+	resync []model.ServiceKey
 
 	invalid      *prometheus.CounterVec
 	applySeconds prometheus.Histogram
@@ -72,12 +84,15 @@ type nodeEntry struct {
 	node *model.Node
 }
 
-var _ watch.Sink = (*Engine)(nil)
+var _ watch.PendingSink = (*Engine)(nil)
 
 // New returns an engine writing to store. It fails only if registering the
 // metrics fails.
 func New(cfg Config, store *snapshot.Store, log *zap.Logger) (*Engine, error) {
 	cfg.Translate = cfg.Translate.WithDefaults()
+	if cfg.ResyncSlotsPerApply <= 0 {
+		cfg.ResyncSlotsPerApply = DefaultResyncSlotsPerApply
+	}
 	e := &Engine{
 		cfg:        cfg,
 		log:        log,
@@ -195,14 +210,20 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	}
 
 	if ch.Periodic {
-		// Self-check: recompute everything; unchanged content costs no
-		// notifications because the store compares versions.
+		// Self-check: recompute everything, a chunk per Apply (see
+		// resyncChunk); unchanged content costs no notifications because
+		// the store compares versions. A resync still running restarts.
+		e.resync = e.resync[:0]
 		for key := range e.services {
-			markDirty(key, time.Time{})
+			e.resync = append(e.resync, key)
 		}
+		slices.SortFunc(e.resync, compareKeys)
 		for _, ne := range e.nodes {
 			e.setNodeSettings(b, ne.node, time.Time{})
 		}
+	}
+	for _, key := range e.resyncChunk() {
+		markDirty(key, time.Time{})
 	}
 
 	var st snapshot.CommitStats
@@ -232,6 +253,30 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 			zap.Duration("took", time.Since(start)))
 	}
 	return nil
+}
+
+// resyncChunk takes the next Services of a running periodic resync: as
+// many as fit ResyncSlotsPerApply node slots, at least one.
+func (e *Engine) resyncChunk() []model.ServiceKey {
+	if len(e.resync) == 0 {
+		return nil
+	}
+	n := min(len(e.resync), max(1, e.cfg.ResyncSlotsPerApply/max(1, len(e.nodes))))
+	chunk := e.resync[:n]
+	e.resync = e.resync[n:]
+	return chunk
+}
+
+// Pending reports whether a periodic resync has Services left; the watcher
+// then calls Apply again (watch.PendingSink).
+func (e *Engine) Pending() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return len(e.resync) > 0
+}
+
+func compareKeys(a, b model.ServiceKey) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
 // entry returns (creating) the entry of a Service.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -321,5 +322,50 @@ func TestZoneVariantsTranslatedOncePerZone(t *testing.T) {
 	// e1, e2 (they host endpoints), zone/z1, zone/z2.
 	if got := counter(e.translations); got != 4 {
 		t.Errorf("translations = %v, want 4 (one per distinct key)", got)
+	}
+}
+
+// A periodic resync rechecks every Service, a bounded chunk per Apply, and
+// repairs what is wrong in the store on the way.
+func TestPeriodicResyncInChunks(t *testing.T) {
+	st := snapshot.NewStore()
+	e, err := New(Config{ResyncSlotsPerApply: 2}, st, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := changes()
+	addNode(c, "n1")
+	for i, name := range []string{"a", "b", "c", "d", "e"} {
+		setService(c, name, fmt.Sprintf("198.18.0.%d", 10+i), time.Time{})
+	}
+	apply(t, e, c)
+	if e.Pending() {
+		t.Fatal("pending work without a periodic resync")
+	}
+	// Damage the store behind the engine's back: the resync must notice.
+	var b snapshot.Batch
+	b.Delete("n1", "service/ns/e")
+	st.Commit(&b)
+
+	before := counter(e.translations)
+	c = changes()
+	c.Periodic = true
+	apply(t, e, c)
+	if got := counter(e.translations) - before; got != 2 {
+		t.Errorf("first resync chunk translated %v Services, want 2 (2 slots / 1 node)", got)
+	}
+	applies := 1
+	for e.Pending() {
+		if applies > 10 {
+			t.Fatal("resync does not finish")
+		}
+		apply(t, e, changes())
+		applies++
+	}
+	if applies != 3 || counter(e.translations)-before != 5 {
+		t.Errorf("resync took %d applies and %v translations, want 3 and 5", applies, counter(e.translations)-before)
+	}
+	if _, ok := st.Get("n1", "service/ns/e"); !ok {
+		t.Error("resync did not restore the damaged resource")
 	}
 }

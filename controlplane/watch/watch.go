@@ -49,6 +49,15 @@ type Sink interface {
 	Apply(ctx context.Context, changes *Changes) error
 }
 
+// PendingSink is a Sink that spreads work over several Apply calls (the
+// engine checks a periodic resync in chunks, so real changes never wait
+// behind all of it). While Pending reports true the watcher calls Apply
+// again after MinInterval, with whatever changes arrived (maybe none).
+type PendingSink interface {
+	Sink
+	Pending() bool
+}
+
 // Options tune the watcher; zero values take the defaults.
 type Options struct {
 	MinInterval   time.Duration // default 100ms: at most one batch per MinInterval
@@ -173,7 +182,7 @@ func (w *Watcher) Synced() bool { return w.synced.Load() }
 // sync drains the trackers into one batch for the sink.
 func (w *Watcher) sync(periodic bool) error {
 	ch := &Changes{Services: w.services.take(), Slices: w.slices.take(), Nodes: w.nodes.take(), Periodic: periodic}
-	if ch.Empty() && !periodic {
+	if ch.Empty() && !periodic && !w.sinkPending() {
 		return nil
 	}
 	if err := w.sink.Apply(w.ctx, ch); err != nil {
@@ -184,7 +193,15 @@ func (w *Watcher) sync(periodic bool) error {
 		w.nodes.requeue(ch.Nodes)
 		return err
 	}
+	if w.sinkPending() {
+		w.runner.Run() // the next chunk, after MinInterval
+	}
 	return nil
+}
+
+func (w *Watcher) sinkPending() bool {
+	p, ok := w.sink.(PendingSink)
+	return ok && p.Pending()
 }
 
 func (w *Watcher) request(pending bool) {
