@@ -376,3 +376,47 @@ func TestNackWithoutResourceNameFailsWholeDelta(t *testing.T) {
 	e.src.Set("n1", "service/default/c", "c1", t0)
 	expectDelta(t, a.delta(), []string{"service/default/c@c1"}, nil)
 }
+
+// A NACK caused by a transient kernel error heals on the agent by retrying,
+// without new content: AgentStatus.recovered tells the control plane, which
+// then counts that version as acknowledged (and only that version).
+func TestRecoveredNackIsAcknowledgedByStatus(t *testing.T) {
+	bothPaths(t, func(t *testing.T, versioned bool) {
+		e := newEnv(t, false, versioned)
+		e.src.Set("n1", "service/default/a", "a1", t0)
+		e.src.Set("n1", "service/default/b", "b1", t0)
+		a := e.open()
+		a.hello("n1", nil)
+		d := a.delta()
+		a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "iptables-save: Cannot initialize"})
+		e.waitAck(d.GetNonce())
+		pending := func() uint32 { info, _ := e.srv.Registry().Agent("n1"); return info.GetPendingResources() }
+		if got := pending(); got != 1 {
+			t.Fatalf("pending after NACK = %d, want 1", got)
+		}
+		status := func(st *vsplanev1.AgentStatus) {
+			a.send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: st}})
+		}
+		// A recovered version the control plane did not see NACKed, or
+		// another version, changes nothing.
+		status(&vsplanev1.AgentStatus{DriftRepaired: 1, Recovered: map[string]string{"service/default/a": "a0", "service/default/b": "bX"}})
+		waitFor(t, func() bool { return e.srv.Registry().LastStatus("n1").GetDriftRepaired() == 1 })
+		if got := pending(); got != 1 {
+			t.Fatalf("pending after an unrelated recovered map = %d, want 1", got)
+		}
+		if info, _ := e.srv.Registry().Agent("n1"); info.GetAcknowledgedVersions()["service/default/b"] != "b1" {
+			t.Fatalf("recovered bX overwrote b's acknowledged version: %v", info.GetAcknowledgedVersions())
+		}
+		status(&vsplanev1.AgentStatus{DriftRepaired: 2, Recovered: map[string]string{"service/default/a": "a1"}})
+		waitFor(t, func() bool { return pending() == 0 })
+		if info, _ := e.srv.Registry().Agent("n1"); info.GetAcknowledgedVersions()["service/default/a"] != "a1" {
+			t.Fatalf("acknowledged %v", info.GetAcknowledgedVersions())
+		}
+		// It is acknowledged, so not sent again; a new version still is.
+		e.src.Set("n1", "service/default/a", "a2", t0)
+		d = a.delta()
+		expectDelta(t, d, []string{"service/default/a@a2"}, nil)
+		a.ack(d.GetNonce())
+		e.waitAck(d.GetNonce())
+	})
+}

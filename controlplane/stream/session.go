@@ -224,7 +224,21 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 	case *vsplanev1.ConnectRequest_Status:
 		ss.st.mu.Lock()
 		ss.st.lastStatus = msg.Status
+		// A NACKed version the agent's retry has since applied is
+		// acknowledged now; no Ack would ever say so.
+		var healed []string
+		for name, v := range msg.Status.GetRecovered() {
+			if nv, ok := ss.nacked[name]; ok && nv == v {
+				delete(ss.nacked, name)
+				ss.st.acked[name] = v
+				healed = append(healed, name)
+			}
+		}
 		ss.st.mu.Unlock()
+		if len(healed) > 0 {
+			slices.Sort(healed)
+			ss.log.Info("agent recovered NACKed resources by retrying", zap.Strings("resources", healed))
+		}
 		return nil
 	case *vsplanev1.ConnectRequest_Hello:
 		return invalid("Hello sent twice on one stream")

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -368,6 +369,19 @@ func TestInjectedFaultOnOneResource(t *testing.T) {
 	}
 	if _, ok := readState(t, mk).Services["udp/198.18.0.11:53 rr"]; !ok {
 		t.Error("service b not programmed by the retry")
+	}
+	// No Ack reports the retry's success: the status does, until a Delta
+	// names the resource again.
+	bName, bVersion := "service/default/b", svcB.resource().GetVersion()
+	if got := r.Status().GetRecovered(); !maps.Equal(got, map[string]string{bName: bVersion}) {
+		t.Errorf("status recovered = %v, want %s@%s", got, bName, bVersion)
+	}
+	if got := r.Status().GetRecovered(); got["service/default/a"] != "" {
+		t.Errorf("a never failed but is reported recovered: %v", got)
+	}
+	mustAck(t, apply(t, r, &vsplanev1.Delta{Nonce: "3", Resources: []*vsplanev1.Resource{svcB.resource()}}))
+	if got := r.Status().GetRecovered(); len(got) != 0 {
+		t.Errorf("recovered still reported after a Delta named it: %v", got)
 	}
 }
 

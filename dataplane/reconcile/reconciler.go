@@ -95,6 +95,9 @@ type Stats struct {
 	// no drift repair count reports: drain checks, and deletions of drained
 	// real servers by full reconciles.
 	DrainOps map[string]uint64
+	// Recovered: resources a retry applied after they failed (name ->
+	// version), until a Delta names them again (AgentStatus.recovered).
+	Recovered map[string]string
 }
 
 type failure struct {
@@ -115,6 +118,9 @@ type Reconciler struct {
 	synced     bool // the first delta (full desired state) arrived
 	applied    map[string]string
 	failed     map[string]failure
+	// recovered: failed resources a retry has since applied (name ->
+	// version), reported in AgentStatus until a Delta names them again.
+	recovered map[string]string
 	programmed map[kernel.VirtualServerKey]struct{}
 	rec        record        // what the kernel holds, for incremental passes
 	npAddrs    nodePortAddrs // NodePort addresses the markers are expanded over
@@ -180,7 +186,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	}
 	return &Reconciler{
 		k: k, cfg: cfg, log: log.Named("reconcile"), families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
-		store: newStore(), applied: map[string]string{}, failed: map[string]failure{},
+		store: newStore(), applied: map[string]string{}, failed: map[string]failure{}, recovered: map[string]string{},
 		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
 		stats: Stats{RepairsByKind: map[string]uint64{}, DrainOps: map[string]uint64{}}, wake: make(chan struct{}, 1),
 		drains:  map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState{},
@@ -315,6 +321,13 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	}
 	r.settle(p, evaluate)
 	r.scheduleDrains(r.cfg.Now(), false)
+	// This Ack reports the outcome for what the Delta named.
+	for _, res := range delta.GetResources() {
+		delete(r.recovered, res.GetName())
+	}
+	for _, name := range removed {
+		delete(r.recovered, name)
+	}
 
 	ack := &vsplanev1.Ack{
 		Nonce:            delta.GetNonce(),
@@ -464,9 +477,13 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 		msgs = append(msgs, p.errs[name]...)
 		if len(msgs) == 0 {
 			r.applied[name] = rs.version
+			if _, was := r.failed[name]; was {
+				r.recovered[name] = rs.version
+			}
 			delete(r.failed, name)
 			continue
 		}
+		delete(r.recovered, name)
 		delete(r.applied, name)
 		r.failed[name] = failure{version: rs.version, messages: msgs, retryable: len(p.errs[name]) > 0}
 	}
@@ -568,6 +585,7 @@ func (r *Reconciler) statsLocked() Stats {
 	s.KernelErrors = append(slices.Clone(r.globalErrs), r.drainErrs...)
 	s.Draining = r.drainCount()
 	s.DrainOps = maps.Clone(r.stats.DrainOps)
+	s.Recovered = maps.Clone(r.recovered)
 	return s
 }
 
@@ -578,6 +596,9 @@ func (r *Reconciler) Status() *vsplanev1.AgentStatus {
 	r.mu.Unlock()
 	st := &vsplanev1.AgentStatus{DriftRepaired: uint32(min(s.DriftRepaired, 1<<32-1)), KernelErrors: s.KernelErrors,
 		Draining: drainProto(drains)}
+	if len(s.Recovered) > 0 {
+		st.Recovered = s.Recovered
+	}
 	if !s.LastFullReconcile.IsZero() {
 		st.LastFullReconcile = timestamppb.New(s.LastFullReconcile)
 	}

@@ -627,8 +627,14 @@ type AgentStatus struct {
 	DriftRepaired     uint32                 `protobuf:"varint,2,opt,name=drift_repaired,json=driftRepaired,proto3" json:"drift_repaired,omitempty"`
 	KernelErrors      []string               `protobuf:"bytes,3,rep,name=kernel_errors,json=kernelErrors,proto3" json:"kernel_errors,omitempty"`
 	Draining          []*DrainingRealServer  `protobuf:"bytes,4,rep,name=draining,proto3" json:"draining,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Resources NACKed earlier (or failed outside a Delta) that the agent's own
+	// retry has since applied: name -> version. A transient kernel error
+	// heals without new content, and no Ack would ever say so; the control
+	// plane counts these versions as acknowledged. An entry stays until a
+	// Delta names the resource again.
+	Recovered     map[string]string `protobuf:"bytes,5,rep,name=recovered,proto3" json:"recovered,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentStatus) Reset() {
@@ -685,6 +691,13 @@ func (x *AgentStatus) GetKernelErrors() []string {
 func (x *AgentStatus) GetDraining() []*DrainingRealServer {
 	if x != nil {
 		return x.Draining
+	}
+	return nil
+}
+
+func (x *AgentStatus) GetRecovered() map[string]string {
+	if x != nil {
+		return x.Recovered
 	}
 	return nil
 }
@@ -826,12 +839,16 @@ const file_vsplane_v1_agent_proto_rawDesc = "" +
 	"\rResourceError\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xe1\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xe5\x02\n" +
 	"\vAgentStatus\x12J\n" +
 	"\x13last_full_reconcile\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x11lastFullReconcile\x12%\n" +
 	"\x0edrift_repaired\x18\x02 \x01(\rR\rdriftRepaired\x12#\n" +
 	"\rkernel_errors\x18\x03 \x03(\tR\fkernelErrors\x12:\n" +
-	"\bdraining\x18\x04 \x03(\v2\x1e.vsplane.v1.DrainingRealServerR\bdraining\"\xfd\x01\n" +
+	"\bdraining\x18\x04 \x03(\v2\x1e.vsplane.v1.DrainingRealServerR\bdraining\x12D\n" +
+	"\trecovered\x18\x05 \x03(\v2&.vsplane.v1.AgentStatus.RecoveredEntryR\trecovered\x1a<\n" +
+	"\x0eRecoveredEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfd\x01\n" +
 	"\x12DrainingRealServer\x12%\n" +
 	"\x0evirtual_server\x18\x01 \x01(\tR\rvirtualServer\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
@@ -859,7 +876,7 @@ func file_vsplane_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vsplane_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_vsplane_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_vsplane_v1_agent_proto_goTypes = []any{
 	(AckStatus)(0),                // 0: vsplane.v1.AckStatus
 	(*ConnectRequest)(nil),        // 1: vsplane.v1.ConnectRequest
@@ -874,9 +891,10 @@ var file_vsplane_v1_agent_proto_goTypes = []any{
 	nil,                           // 10: vsplane.v1.Hello.ResourceVersionsEntry
 	nil,                           // 11: vsplane.v1.Delta.TriggerTimesEntry
 	nil,                           // 12: vsplane.v1.Ack.KernelOperationsEntry
-	(*Resource)(nil),              // 13: vsplane.v1.Resource
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	nil,                           // 13: vsplane.v1.AgentStatus.RecoveredEntry
+	(*Resource)(nil),              // 14: vsplane.v1.Resource
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_vsplane_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: vsplane.v1.ConnectRequest.hello:type_name -> vsplane.v1.Hello
@@ -885,23 +903,24 @@ var file_vsplane_v1_agent_proto_depIdxs = []int32{
 	5,  // 3: vsplane.v1.ConnectResponse.delta:type_name -> vsplane.v1.Delta
 	4,  // 4: vsplane.v1.Hello.capabilities:type_name -> vsplane.v1.Capabilities
 	10, // 5: vsplane.v1.Hello.resource_versions:type_name -> vsplane.v1.Hello.ResourceVersionsEntry
-	13, // 6: vsplane.v1.Delta.resources:type_name -> vsplane.v1.Resource
+	14, // 6: vsplane.v1.Delta.resources:type_name -> vsplane.v1.Resource
 	11, // 7: vsplane.v1.Delta.trigger_times:type_name -> vsplane.v1.Delta.TriggerTimesEntry
 	0,  // 8: vsplane.v1.Ack.status:type_name -> vsplane.v1.AckStatus
 	7,  // 9: vsplane.v1.Ack.errors:type_name -> vsplane.v1.ResourceError
-	14, // 10: vsplane.v1.Ack.apply_duration:type_name -> google.protobuf.Duration
+	15, // 10: vsplane.v1.Ack.apply_duration:type_name -> google.protobuf.Duration
 	12, // 11: vsplane.v1.Ack.kernel_operations:type_name -> vsplane.v1.Ack.KernelOperationsEntry
-	15, // 12: vsplane.v1.AgentStatus.last_full_reconcile:type_name -> google.protobuf.Timestamp
+	16, // 12: vsplane.v1.AgentStatus.last_full_reconcile:type_name -> google.protobuf.Timestamp
 	9,  // 13: vsplane.v1.AgentStatus.draining:type_name -> vsplane.v1.DrainingRealServer
-	15, // 14: vsplane.v1.DrainingRealServer.since:type_name -> google.protobuf.Timestamp
-	15, // 15: vsplane.v1.Delta.TriggerTimesEntry.value:type_name -> google.protobuf.Timestamp
-	1,  // 16: vsplane.v1.AgentService.Connect:input_type -> vsplane.v1.ConnectRequest
-	2,  // 17: vsplane.v1.AgentService.Connect:output_type -> vsplane.v1.ConnectResponse
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	13, // 14: vsplane.v1.AgentStatus.recovered:type_name -> vsplane.v1.AgentStatus.RecoveredEntry
+	16, // 15: vsplane.v1.DrainingRealServer.since:type_name -> google.protobuf.Timestamp
+	16, // 16: vsplane.v1.Delta.TriggerTimesEntry.value:type_name -> google.protobuf.Timestamp
+	1,  // 17: vsplane.v1.AgentService.Connect:input_type -> vsplane.v1.ConnectRequest
+	2,  // 18: vsplane.v1.AgentService.Connect:output_type -> vsplane.v1.ConnectResponse
+	18, // [18:19] is the sub-list for method output_type
+	17, // [17:18] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_agent_proto_init() }
@@ -924,7 +943,7 @@ func file_vsplane_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_agent_proto_rawDesc), len(file_vsplane_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
