@@ -113,14 +113,14 @@ type Reconciler struct {
 	log      *zap.Logger
 	families familySet
 
-	mu         sync.Mutex
-	store      *store
-	synced     bool // the first delta (full desired state) arrived
-	applied    map[string]string
-	failed     map[string]failure
+	mu      sync.Mutex
+	store   *store
+	synced  bool // the first delta (full desired state) arrived
+	applied map[string]string
+	failed  map[string]failure
 	// recovered: failed resources a retry has since applied (name ->
 	// version), reported in AgentStatus until a Delta names them again.
-	recovered map[string]string
+	recovered  map[string]string
 	programmed map[kernel.VirtualServerKey]struct{}
 	rec        record        // what the kernel holds, for incremental passes
 	npAddrs    nodePortAddrs // NodePort addresses the markers are expanded over
