@@ -2,9 +2,12 @@ package integration_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,4 +147,62 @@ func slicesOfKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestTransientKernelErrorHeals: a kernel error NACKs a Service; the
+// agent's own retry applies it a moment later, and the control plane learns
+// that from the agent's status (nothing is resent, nothing stays pending).
+func TestTransientKernelErrorHeals(t *testing.T) {
+	env := kubeenv.StartForTest(t)
+	kube, err := kubernetes.NewForConfig(env.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if _, err := kube.CoreV1().Nodes().Create(ctx, node("node-a", "198.19.0.11"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	log := &deltaLog{}
+	r, addr := startControlPlane(t, ctx, kube, log)
+	mem := memory.New()
+	a := startAgent(t, ctx, addr, "node-a", mem, t.TempDir())
+	t.Cleanup(func() { a.stop(t) })
+	pending := func() string {
+		info, ok := r.Streams.Registry().Agent("node-a")
+		if !ok {
+			return "agent not connected"
+		}
+		if p := info.GetPendingResources(); p != 0 {
+			return fmt.Sprintf("%d resources pending", p)
+		}
+		return ""
+	}
+	eventually(t, converge, pending)
+
+	// The next virtual server add fails once, like a netlink ENOMEM.
+	var failOnce sync.Once
+	mem.SetFault(func(op string) error {
+		var err error
+		if op == "ipvs.AddVirtualServer" {
+			failOnce.Do(func() { err = errors.New("netlink: simulated ENOMEM") })
+		}
+		return err
+	})
+	ip := mustCreateService(t, ctx, kube, clusterIPService("default", "web", 80))
+	eventually(t, converge, func() string {
+		for _, ev := range log.acksFor("node-a") {
+			if ev.Status == vsplanev1.AckStatus_ACK_STATUS_NACK {
+				return ""
+			}
+		}
+		return "no NACK yet"
+	})
+	k := mem.Kernel()
+	eventually(t, converge, func() string {
+		if _, ok := ipvsState(t, k.IPVS)[vsKey(ip, 80)]; !ok {
+			return "retry has not programmed " + vsKey(ip, 80)
+		}
+		return pending()
+	})
 }
