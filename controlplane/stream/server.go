@@ -27,6 +27,9 @@
 //     remembered and not resent until the desired version changes. A NACK
 //     fails the resources its errors name; a NACK with no errors, or with an
 //     error whose name is empty, fails every resource of its Delta.
+//   - The agent retries failed resources itself. When a retry applies a
+//     NACKed version, AgentStatus.recovered says so and that version counts
+//     as acknowledged (it is still not resent).
 //   - A new stream for a node closes the older one with Aborted.
 package stream
 
