@@ -55,6 +55,9 @@ type Config struct {
 	StateDir string
 	// MetricsListener, if set, serves /metrics, /healthz and /livez.
 	MetricsListener net.Listener
+	// HealthzListener, if set, serves only /healthz and /livez: kube-proxy's
+	// --healthz-bind-address (0.0.0.0:10256), which load balancers probe.
+	HealthzListener net.Listener
 	// InspectListener, if set, serves the read-only AgentInspectService
 	// (gRPC with reflection and health; see dataplane/inspect). Keep it on
 	// loopback or a Unix socket: it has no authentication.
@@ -240,21 +243,29 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.Go(func() error { a.runHealthChecks(ctx); return nil })
 	}
 	if a.cfg.MetricsListener != nil {
-		srv := &http.Server{Handler: a.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error {
-			if err := srv.Serve(a.cfg.MetricsListener); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-ctx.Done()
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return srv.Shutdown(shutdownCtx)
-		})
+		serveHTTP(ctx, g, a.cfg.MetricsListener, a.httpHandler(true))
+	}
+	if a.cfg.HealthzListener != nil {
+		serveHTTP(ctx, g, a.cfg.HealthzListener, a.httpHandler(false))
 	}
 	return g.Wait()
+}
+
+// serveHTTP serves h on ln in g until ctx ends.
+func serveHTTP(ctx context.Context, g *errgroup.Group, ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(shutdownCtx)
+	})
 }
 
 // defaultReconcilePeriod is reconcile.Config's default Period.
@@ -300,9 +311,11 @@ func (a *Agent) reportStatus(ctx context.Context) {
 // httpHandler serves Prometheus metrics and kube-proxy's /healthz and /livez
 // (503 once a received Delta waited more than 2× the reconcile period;
 // /healthz also while the node settings say the Node is being deleted).
-func (a *Agent) httpHandler() http.Handler {
+func (a *Agent) httpHandler(metrics bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	if metrics {
+		mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	}
 	mux.Handle("/healthz", a.Metrics.NodeHealthzHandler(a.Reconciler.NodeDeleting))
 	mux.Handle("/livez", a.Metrics.LivezHandler())
 	return mux

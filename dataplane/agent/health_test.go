@@ -117,11 +117,20 @@ func TestHealthCheckNodePortsFollowAppliedState(t *testing.T) {
 // /healthz follows node/settings node_deleting; /livez does not.
 func TestHealthzNodeDeleting(t *testing.T) {
 	a := healthAgent(t)
-	h := a.httpHandler()
+	h := a.httpHandler(false) // the --healthz-address handler
 	code := func(path string) int {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		return rec.Code
+	}
+	if code("/metrics") != http.StatusNotFound {
+		t.Errorf("the healthz listener serves /metrics (kube-proxy keeps metrics on its own, loopback address)")
+	}
+	if rec := httptest.NewRecorder(); func() int {
+		a.httpHandler(true).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return rec.Code
+	}() != http.StatusOK {
+		t.Errorf("the metrics listener does not serve /metrics")
 	}
 	ctx := context.Background()
 	a.Reconciler.Apply(ctx, &vsplanev1.Delta{Nonce: "1", ReplaceAll: true, Resources: []*vsplanev1.Resource{nodeSettings(false)}})

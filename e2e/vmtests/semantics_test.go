@@ -2,6 +2,7 @@ package vmtests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
@@ -372,6 +373,34 @@ func (e *semEnv) healthCheck(t *testing.T, s *services) {
 		} else {
 			t.Logf("health check %s (%s): %d, localEndpoints %d", addr, n.node.Name, n.status, n.local)
 		}
+	}
+	// The node's own /healthz on kube-proxy's port 10256, which load
+	// balancers of ETP Cluster Services probe.
+	addr := hostPort(e.node1.IP, 10256)
+	var last error
+	err := cluster.Await(e.ctx, semConverge, poll, func(ctx context.Context) error {
+		r, err := e.c.HTTPGet(ctx, e.client, addr, "/healthz", 3)
+		if err == nil {
+			var b struct {
+				LastUpdated  string `json:"lastUpdated"`
+				CurrentTime  string `json:"currentTime"`
+				NodeEligible *bool  `json:"nodeEligible"`
+			}
+			switch err = json.Unmarshal([]byte(r.Body), &b); {
+			case err != nil:
+			case r.Status != 200:
+				err = fmt.Errorf("status %d", r.Status)
+			case b.LastUpdated == "" || b.CurrentTime == "" || b.NodeEligible == nil || !*b.NodeEligible:
+				err = fmt.Errorf("body %q is not kube-proxy's healthy /healthz", r.Body)
+			}
+		}
+		if ctx.Err() == nil {
+			last = err
+		}
+		return err
+	})
+	if err != nil {
+		t.Errorf("node /healthz %s: %v; last answer: %v", addr, err, last)
 	}
 }
 

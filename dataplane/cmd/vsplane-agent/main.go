@@ -35,6 +35,7 @@ func run() error {
 		period       = flag.Duration("reconcile-period", 30*time.Second, "period of the full reconcile against the kernel")
 		ipv6         = flag.Bool("ipv6", false, "also manage IPv6 (ip6tables, KUBE-6- sets)")
 		metricsAddr  = flag.String("metrics-address", "127.0.0.1:10249", "address for /metrics and /healthz; empty disables")
+		healthzAddr  = flag.String("healthz-address", "0.0.0.0:10256", "address for /healthz and /livez only, probed by load balancers (kube-proxy's --healthz-bind-address); empty disables")
 		backoffMax   = flag.Duration("reconnect-backoff-max", 30*time.Second, "upper bound of the reconnect delay")
 		stateDir     = flag.String("state-dir", "/run/vsplane", "where the agent keeps its applied state across restarts (use a tmpfs); empty disables")
 		debug        = flag.Bool("debug", false, "debug logging")
@@ -81,6 +82,13 @@ func run() error {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 		cfg.MetricsListener = ln
+	}
+	if *healthzAddr != "" {
+		ln, err := net.Listen("tcp", *healthzAddr)
+		if err != nil {
+			return fmt.Errorf("healthz listener: %w", err)
+		}
+		cfg.HealthzListener = ln
 	}
 	if *inspectAddr != "" {
 		ln, err := inspect.Listen(*inspectAddr)
