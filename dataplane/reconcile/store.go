@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/rules"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -27,20 +28,22 @@ type store struct {
 	// setSize is the number of distinct entries wanted per set.
 	setSize map[setRef]int
 	// templated are the resources with node_port_addresses markers,
-	// checks those with a health-check node port.
-	templated, checks map[string]bool
+	// checks those with a health-check node port, firewalled those with
+	// loadBalancerSourceRanges (KUBE-LOAD-BALANCER-FW entries).
+	templated, checks, firewalled map[string]bool
 }
 
 func newStore() *store {
 	return &store{
-		res:       map[string]*resourceState{},
-		vsOwners:  map[kernel.VirtualServerKey][]string{},
-		addrVS:    map[netip.Addr]map[kernel.VirtualServerKey]int{},
-		entryRefs: map[entryKey][]string{},
-		setRefs:   map[setRef]int{},
-		setSize:   map[setRef]int{},
-		templated: map[string]bool{},
-		checks:    map[string]bool{},
+		res:        map[string]*resourceState{},
+		vsOwners:   map[kernel.VirtualServerKey][]string{},
+		addrVS:     map[netip.Addr]map[kernel.VirtualServerKey]int{},
+		entryRefs:  map[entryKey][]string{},
+		setRefs:    map[setRef]int{},
+		setSize:    map[setRef]int{},
+		templated:  map[string]bool{},
+		checks:     map[string]bool{},
+		firewalled: map[string]bool{},
 	}
 }
 
@@ -77,6 +80,9 @@ func (s *store) index(rs *resourceState) {
 		}
 		s.entryRefs[e] = append(s.entryRefs[e], rs.name)
 		s.setRefs[e.set]++
+		if e.set.set == rules.SetLoadBalancerFW {
+			s.firewalled[rs.name] = true
+		}
 	}
 	if rs.tmpl != nil {
 		s.templated[rs.name] = true
@@ -119,6 +125,7 @@ func (s *store) unindex(rs *resourceState) {
 	}
 	delete(s.templated, rs.name)
 	delete(s.checks, rs.name)
+	delete(s.firewalled, rs.name)
 }
 
 // wantVS returns the desired virtual server for key. When several

@@ -554,20 +554,21 @@ func (r *Reconciler) rulesInput(fam kernel.Family, s settings, liberal bool) rul
 			in.NonEmpty = in.NonEmpty.With(ref.set)
 		}
 	}
-	if in.NonEmpty.Has(rules.SetLoadBalancerFW) {
-		// Only clusters with loadBalancerSourceRanges pay for this scan.
-		var fw, sourceIP []kernel.Entry
-		for ek, owners := range r.store.entryRefs {
+	// Only the resources with loadBalancerSourceRanges are read (the
+	// SOURCE-IP entries that matter sit beside their FW entries).
+	var fw, sourceIP []kernel.Entry
+	for name := range r.store.firewalled {
+		for _, ek := range r.store.res[name].entries {
 			switch {
-			case ek.set.family != fam, !r.entryAdmitted(ek, owners):
+			case ek.set.family != fam, !r.entryAdmitted(ek, r.store.entryRefs[ek]):
 			case ek.set.set == rules.SetLoadBalancerFW:
 				fw = append(fw, ek.entry)
 			case ek.set.set == rules.SetLoadBalancerSourceIP:
 				sourceIP = append(sourceIP, ek.entry)
 			}
 		}
-		in.LoadBalancerNoNodeAccess = rules.NoNodeAccess(fw, sourceIP)
 	}
+	in.LoadBalancerNoNodeAccess = rules.NoNodeAccess(fw, sourceIP)
 	return in
 }
 
