@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/app"
@@ -22,7 +21,6 @@ import (
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
-	"github.com/vsplane/vsplane/e2e/kubeenv"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -40,16 +38,7 @@ func runControlPlane(t *testing.T, ctx context.Context, kube kubernetes.Interfac
 // changed control-plane configuration reaches a running agent without
 // restarting it.
 func TestBadInputAndSettingsAgainstRealAPIServer(t *testing.T) {
-	env := kubeenv.StartForTest(t)
-	kube, err := kubernetes.NewForConfig(env.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if _, err := kube.CoreV1().Nodes().Create(ctx, node("node-a", "198.19.0.11"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	kube, ctx := startKube(t, "node-a")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -153,16 +142,7 @@ func slicesOfKeys[V any](m map[string]V) []string {
 // agent's own retry applies it a moment later, and the control plane learns
 // that from the agent's status (nothing is resent, nothing stays pending).
 func TestTransientKernelErrorHeals(t *testing.T) {
-	env := kubeenv.StartForTest(t)
-	kube, err := kubernetes.NewForConfig(env.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if _, err := kube.CoreV1().Nodes().Create(ctx, node("node-a", "198.19.0.11"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	kube, ctx := startKube(t, "node-a")
 	log := &deltaLog{}
 	r, addr := startControlPlane(t, ctx, kube, log)
 	mem := memory.New()

@@ -24,6 +24,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/e2e/kubeenv"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -83,6 +84,26 @@ func (l *deltaLog) acksFor(node string) []stream.AckEvent {
 		}
 	}
 	return out
+}
+
+// startKube starts a real kube-apiserver + etcd and creates Nodes n
+// ("node-a", "node-b", ...) at 198.19.0.11, .12, ...; the context ends
+// with the test.
+func startKube(t *testing.T, nodes ...string) (kubernetes.Interface, context.Context) {
+	t.Helper()
+	env := kubeenv.StartForTest(t)
+	kube, err := kubernetes.NewForConfig(env.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	for i, n := range nodes {
+		if _, err := kube.CoreV1().Nodes().Create(ctx, node(n, fmt.Sprintf("198.19.0.%d", 11+i)), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return kube, ctx
 }
 
 // runReplica runs a control-plane replica in-process until the returned

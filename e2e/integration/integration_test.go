@@ -25,26 +25,13 @@ import (
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
-	"github.com/vsplane/vsplane/e2e/kubeenv"
 )
 
 const converge = 20 * time.Second
 
 func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
-	env := kubeenv.StartForTest(t)
-	kube, err := kubernetes.NewForConfig(env.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-
 	nodes := []string{"node-a", "node-b", "node-c"}
-	for i, n := range nodes {
-		if _, err := kube.CoreV1().Nodes().Create(ctx, node(n, fmt.Sprintf("198.19.0.%d", 11+i)), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	kube, ctx := startKube(t, nodes...)
 	log := &deltaLog{}
 	_, cpAddr := startControlPlane(t, ctx, kube, log)
 
@@ -77,10 +64,15 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 
 	// The apiserver's own default/kubernetes Service has no endpoints here
 	// (--endpoint-reconciler-type=none): a virtual server without real servers.
-	kubeSvc, err := kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The apiserver creates it in the background after it is ready.
+	var kubeSvc *corev1.Service
+	eventually(t, converge, func() string {
+		var err error
+		if kubeSvc, err = kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{}); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
 	want := map[string][]string{
 		vsKey(kubeSvc.Spec.ClusterIP, 443): {},
 		vsKey(web, 80):                     expectedDests("198.19.1.10", "198.19.2.10"),

@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/app"
@@ -25,7 +24,6 @@ import (
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
-	"github.com/vsplane/vsplane/e2e/kubeenv"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -34,20 +32,8 @@ import (
 // the control plane's /metrics, and each agent's own /metrics and /healthz
 // (separate registries, all in one process) report its syncs.
 func TestMetricsAgainstRealAPIServer(t *testing.T) {
-	env := kubeenv.StartForTest(t)
-	kube, err := kubernetes.NewForConfig(env.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-
 	nodes := []string{"node-a", "node-b", "node-c"}
-	for i, n := range nodes {
-		if _, err := kube.CoreV1().Nodes().Create(ctx, node(n, fmt.Sprintf("198.19.0.%d", 11+i)), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	kube, ctx := startKube(t, nodes...)
 	log := &deltaLog{}
 	cpAddr, cpMetrics := startControlPlaneWithMetrics(t, ctx, kube, log)
 	agentMetrics := map[string]string{}
