@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -366,8 +365,8 @@ func (e *Engine) derive(se *serviceEntry) {
 // n's variant key, or a fresh translation (always for "node/..." keys).
 func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource {
 	key := se.variants.Key(n)
-	perNode := strings.HasPrefix(key, "node/")
-	if r, ok := se.shared[key]; ok && !perNode {
+	shared := translate.Shared(key)
+	if r, ok := se.shared[key]; ok && shared {
 		return r
 	}
 	r, err := snapshot.NewServiceResource(translate.Service(se.in, n, e.cfg.Translate))
@@ -378,7 +377,7 @@ func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource
 		e.invalid.WithLabelValues("Service", "encode_error").Inc()
 		return nil
 	}
-	if !perNode {
+	if shared {
 		if se.shared == nil {
 			se.shared = map[string]*vsplanev1.Resource{}
 		}

@@ -73,14 +73,21 @@ func VariantsOf(in Input) Variants {
 	return v
 }
 
+// perNodePrefix starts the keys only one node has (see Shared).
+const perNodePrefix = "node/"
+
+// Shared reports whether key (from Key) can be shared by several nodes, so
+// caching its output is worth it; per-node keys are not.
+func Shared(key string) bool { return !strings.HasPrefix(key, perNodePrefix) }
+
 // Key returns node's variant key.
 func (v Variants) Key(node *model.Node) string {
 	if _, ok := v.perNode[node.Name]; ok {
-		return "node/" + node.Name
+		return perNodePrefix + node.Name
 	}
 	for _, a := range node.Addresses {
 		if _, ok := v.claimed[a]; ok {
-			return "node/" + node.Name
+			return perNodePrefix + node.Name
 		}
 	}
 	var parts []string
