@@ -22,8 +22,8 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// maxBatch bounds the writes committed to the store at once.
-const maxBatch = 1 << 16
+// DefaultMaxBatch bounds the writes committed to the store at once.
+const DefaultMaxBatch = 1 << 16
 
 // DefaultResyncSlotsPerApply bounds the periodic self-check's share of one
 // Apply: Services x nodes written (about 0.3 s of work on a 2-core machine).
@@ -40,6 +40,11 @@ type Config struct {
 	// never wait behind the whole of it (default DefaultResyncSlotsPerApply;
 	// at least one Service per Apply).
 	ResyncSlotsPerApply int
+	// MaxBatch bounds the store writes committed at once, and so the
+	// transient memory of a large Apply (default DefaultMaxBatch). Nodes
+	// being filled are staged (snapshot.Batch.StageNode), so no reader sees
+	// a node before all of it is committed, whatever this size.
+	MaxBatch int
 }
 
 // Engine implements watch.Sink. Apply must not be called concurrently with
@@ -91,6 +96,9 @@ func New(cfg Config, store *snapshot.Store, log *zap.Logger) (*Engine, error) {
 	cfg.Translate = cfg.Translate.WithDefaults()
 	if cfg.ResyncSlotsPerApply <= 0 {
 		cfg.ResyncSlotsPerApply = DefaultResyncSlotsPerApply
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
 	}
 	e := &Engine{
 		cfg:        cfg,
@@ -154,12 +162,13 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		n := c.Current.Value
 		old, had := e.nodes[name]
 		e.nodes[name] = &nodeEntry{node: n}
-		if !had {
-			b.AddNode(name)
-			fresh[name] = c.Trigger
-		} else if old.node.Zone != n.Zone || !slices.Equal(old.node.Addresses, n.Addresses) {
-			// The zone may select different endpoints (topology), and node
-			// addresses decide load-balancer source-range entries: redo all.
+		// A new node gets every Service; so does one whose zone (topology
+		// may select other endpoints) or addresses (load-balancer
+		// source-range entries) changed. Either way its whole state is
+		// staged and published at the end of this Apply, so no agent ever
+		// sees it half-filled (snapshot package doc).
+		if !had || old.node.Zone != n.Zone || !slices.Equal(old.node.Addresses, n.Addresses) {
+			b.StageNode(name)
 			fresh[name] = c.Trigger
 		}
 		e.setNodeSettings(b, n, c.Trigger)
@@ -230,7 +239,7 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		// Large batches (initial sync, periodic resync, a node joining) are
 		// committed in chunks to bound the transient memory; each resource
 		// is still written atomically.
-		if force || b.Len() >= maxBatch {
+		if force || b.Len() >= e.cfg.MaxBatch {
 			c := e.store.Commit(b)
 			st.Changed += c.Changed
 			b.Reset()
@@ -243,6 +252,9 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	for name, trig := range fresh {
 		e.fillNode(b, e.nodes[name].node, trig)
 		commit(false)
+	}
+	for name := range fresh {
+		b.PublishNode(name)
 	}
 	commit(true)
 	e.applySeconds.Observe(time.Since(start).Seconds())

@@ -7,8 +7,20 @@
 // counts, and drops an entry when no node holds it any more.
 //
 // The engine writes through Commit (one lock per batch); the stream server
-// reads through Subscribe/List/Get/TriggerTime (the contract in
-// notes/STORE_CONTRACT.md).
+// reads through Subscribe/List/Get/TriggerTime (stream.Source states that
+// contract).
+//
+// # Consistency: readers only ever see complete node states
+//
+// A node's state is published as a whole. A writer that fills a node with
+// many resources (a node joining, every node at a replica's initial sync, a
+// node whose zone or addresses changed) stages it first (Batch.StageNode):
+// its writes go to a staged copy that readers and subscribers do not see,
+// across as many Commits as the filling takes, and Batch.PublishNode swaps
+// the staged copy in under one lock, notifying subscribers of exactly the
+// names that differ. So List never returns a node that has only part of its
+// Services, whatever the batch size, and a stream that diffs an agent's
+// state against List never computes removals from a half-filled node.
 package snapshot
 
 import (
@@ -83,20 +95,38 @@ type nodeState struct {
 	sys [16]byte // XOR of the pair hashes of all resources
 }
 
+func newNodeState() *nodeState { return &nodeState{res: map[string]slot{}} }
+
 // Store is the per-node desired state. All methods are safe for concurrent use.
 type Store struct {
 	mu     sync.RWMutex
 	intern map[internKey]*internEntry
 	nodes  map[string]*nodeState
+	// staged holds the states being filled for nodes (see StageNode); never read by readers.
+	staged map[string]*nodeState
 	subs   map[string]map[*subscription]struct{}
+	opts   Options
+}
+
+// Options configure a Store; the zero value is fine.
+type Options struct {
+	// AfterCommit, if set, is called at the end of every Commit, after the
+	// lock is released and subscribers were notified (tests use it to check
+	// what readers can see between commits).
+	AfterCommit func(CommitStats)
 }
 
 // NewStore returns an empty store.
-func NewStore() *Store {
+func NewStore() *Store { return NewStoreWithOptions(Options{}) }
+
+// NewStoreWithOptions returns an empty store configured by opts.
+func NewStoreWithOptions(opts Options) *Store {
 	return &Store{
 		intern: map[internKey]*internEntry{},
 		nodes:  map[string]*nodeState{},
+		staged: map[string]*nodeState{},
 		subs:   map[string]map[*subscription]struct{}{},
+		opts:   opts,
 	}
 }
 
@@ -107,6 +137,8 @@ const (
 	opDelete
 	opAddNode
 	opRemoveNode
+	opStageNode
+	opPublishNode
 )
 
 type op struct {
@@ -133,13 +165,25 @@ func (b *Batch) Len() int { return len(b.ops) }
 // still lists, with an empty set.
 func (b *Batch) AddNode(node string) { b.ops = append(b.ops, op{kind: opAddNode, node: node}) }
 
-// RemoveNode forgets node and all its resources; subscribers see every name as changed.
+// RemoveNode forgets node and all its resources, published and staged;
+// subscribers see every published name as changed.
 func (b *Batch) RemoveNode(node string) { b.ops = append(b.ops, op{kind: opRemoveNode, node: node}) }
+
+// StageNode starts a new, empty staged state for node (dropping any staged
+// one): until PublishNode, Set and Delete for node write to it, while readers
+// keep seeing the published state (or no node at all, for a new one) and
+// subscribers hear nothing. The staged state may span several Commits.
+func (b *Batch) StageNode(node string) { b.ops = append(b.ops, op{kind: opStageNode, node: node}) }
+
+// PublishNode makes node's staged state its published state in one step
+// (the node becomes known if it was not) and notifies subscribers of the
+// names whose version differs. No-op if node has no staged state.
+func (b *Batch) PublishNode(node string) { b.ops = append(b.ops, op{kind: opPublishNode, node: node}) }
 
 // Set puts res (built by New*Resource, never modified afterwards) as node's
 // resource res.Name. trigger is the earliest change time behind it; it is
 // recorded only if the node's version of the resource changes. Set on an
-// unknown node is ignored.
+// unknown node (neither published nor staged) is ignored.
 func (b *Batch) Set(node string, res *vsplanev1.Resource, trigger time.Time) {
 	b.ops = append(b.ops, op{kind: opSet, node: node, res: res, trigger: trigger})
 }
@@ -156,67 +200,60 @@ type CommitStats struct {
 }
 
 // Commit applies the batch atomically with respect to readers, then notifies
-// subscribers of the nodes whose resources changed. The batch may be reused
-// after Commit returns.
+// subscribers of the nodes whose published resources changed. The batch may
+// be reused after Commit returns.
 func (s *Store) Commit(b *Batch) CommitStats {
 	var st CommitStats
-	changed := map[string][]string{} // node -> names
+	changed := map[string][]string{} // published node -> names
 	s.mu.Lock()
 	for i := range b.ops {
 		o := &b.ops[i]
 		switch o.kind {
 		case opAddNode:
 			if _, ok := s.nodes[o.node]; !ok {
-				s.nodes[o.node] = &nodeState{res: map[string]slot{}}
+				s.nodes[o.node] = newNodeState()
 			}
 		case opRemoveNode:
+			if ns, ok := s.staged[o.node]; ok {
+				s.releaseAll(ns)
+				delete(s.staged, o.node)
+			}
 			ns, ok := s.nodes[o.node]
 			if !ok {
 				continue
 			}
-			for name, sl := range ns.res {
-				s.release(sl.e)
+			for name := range ns.res {
 				changed[o.node] = append(changed[o.node], name)
 			}
+			s.releaseAll(ns)
 			delete(s.nodes, o.node)
 			st.Changed += len(ns.res)
+		case opStageNode:
+			if ns, ok := s.staged[o.node]; ok {
+				s.releaseAll(ns)
+			}
+			s.staged[o.node] = newNodeState()
+		case opPublishNode:
+			n := s.publish(o.node, changed)
+			st.Changed += n
 		case opSet:
-			ns, ok := s.nodes[o.node]
-			if !ok || o.res == nil {
+			ns, published := s.target(o.node)
+			if ns == nil || o.res == nil {
 				continue
 			}
-			name := o.res.GetName()
-			old, had := ns.res[name]
-			if had && old.e.res.GetVersion() == o.res.GetVersion() {
-				continue
+			if s.set(ns, o.res, o.trigger) && published {
+				changed[o.node] = append(changed[o.node], o.res.GetName())
+				st.Changed++
 			}
-			e := s.acquire(o.res)
-			if had {
-				xor(&ns.sys, &old.e.pair)
-				s.release(old.e)
-			}
-			xor(&ns.sys, &e.pair)
-			var trig int64
-			if !o.trigger.IsZero() {
-				trig = o.trigger.UnixNano()
-			}
-			ns.res[e.res.Name] = slot{e: e, trigger: trig}
-			changed[o.node] = append(changed[o.node], name)
-			st.Changed++
 		case opDelete:
-			ns, ok := s.nodes[o.node]
-			if !ok {
+			ns, published := s.target(o.node)
+			if ns == nil {
 				continue
 			}
-			old, had := ns.res[o.name]
-			if !had {
-				continue
+			if s.delete(ns, o.name) && published {
+				changed[o.node] = append(changed[o.node], o.name)
+				st.Changed++
 			}
-			xor(&ns.sys, &old.e.pair)
-			s.release(old.e)
-			delete(ns.res, o.name)
-			changed[o.node] = append(changed[o.node], o.name)
-			st.Changed++
 		}
 	}
 	for node, names := range changed {
@@ -226,7 +263,101 @@ func (s *Store) Commit(b *Batch) CommitStats {
 	}
 	s.mu.Unlock()
 	st.NodesChanged = len(changed)
+	if s.opts.AfterCommit != nil {
+		s.opts.AfterCommit(st)
+	}
 	return st
+}
+
+// target is the state writes for node go to: the staged one if the node is
+// being staged, else the published one (published=true), else nil.
+func (s *Store) target(node string) (ns *nodeState, published bool) {
+	if ns, ok := s.staged[node]; ok {
+		return ns, false
+	}
+	ns, ok := s.nodes[node]
+	if !ok {
+		return nil, false
+	}
+	return ns, true
+}
+
+// set makes res ns's resource res.Name; reports whether the version changed.
+func (s *Store) set(ns *nodeState, res *vsplanev1.Resource, trigger time.Time) bool {
+	name := res.GetName()
+	old, had := ns.res[name]
+	if had && old.e.res.GetVersion() == res.GetVersion() {
+		return false
+	}
+	e := s.acquire(res)
+	if had {
+		xor(&ns.sys, &old.e.pair)
+		s.release(old.e)
+	}
+	xor(&ns.sys, &e.pair)
+	var trig int64
+	if !trigger.IsZero() {
+		trig = trigger.UnixNano()
+	}
+	ns.res[name] = slot{e: e, trigger: trig}
+	return true
+}
+
+// delete removes ns's resource name; reports whether it was there.
+func (s *Store) delete(ns *nodeState, name string) bool {
+	old, had := ns.res[name]
+	if !had {
+		return false
+	}
+	xor(&ns.sys, &old.e.pair)
+	s.release(old.e)
+	delete(ns.res, name)
+	return true
+}
+
+// publish swaps node's staged state in, records the names that differ from
+// the previously published state in changed, and returns their number.
+// A resource whose version did not change keeps its old trigger time: the
+// agent already has it, so it is no news.
+func (s *Store) publish(node string, changed map[string][]string) int {
+	next, ok := s.staged[node]
+	if !ok {
+		return 0
+	}
+	delete(s.staged, node)
+	prev := s.nodes[node]
+	s.nodes[node] = next
+	if prev == nil {
+		for name := range next.res {
+			changed[node] = append(changed[node], name)
+		}
+		return len(next.res)
+	}
+	n := 0
+	for name, sl := range next.res {
+		old, had := prev.res[name]
+		if had && old.e == sl.e {
+			sl.trigger = old.trigger
+			next.res[name] = sl
+			continue
+		}
+		changed[node] = append(changed[node], name)
+		n++
+	}
+	for name := range prev.res {
+		if _, ok := next.res[name]; !ok {
+			changed[node] = append(changed[node], name)
+			n++
+		}
+	}
+	s.releaseAll(prev)
+	return n
+}
+
+func (s *Store) releaseAll(ns *nodeState) {
+	for _, sl := range ns.res {
+		s.release(sl.e)
+	}
 }
 
 // acquire returns the shared entry for res, creating it (with res itself as

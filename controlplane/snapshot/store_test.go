@@ -221,3 +221,91 @@ func TestSubscription(t *testing.T) {
 		t.Fatal("closed subscription still registered")
 	}
 }
+
+// A staged node is invisible to readers and subscribers until it is
+// published, across any number of commits; publishing notifies exactly
+// the names that differ and keeps the trigger time of unchanged ones.
+func TestStagedNodeIsPublishedWhole(t *testing.T) {
+	s := NewStore()
+	sub := s.Subscribe("n1")
+	defer sub.Close()
+	var b Batch
+	b.StageNode("n1")
+	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Unix(10, 0))
+	s.Commit(&b)
+	b = Batch{}
+	b.Set("n1", svcRes(t, "b", "198.18.0.2"), time.Unix(10, 0))
+	s.Commit(&b)
+	if _, _, ok := s.List("n1"); ok {
+		t.Fatal("staged new node is listed before PublishNode")
+	}
+	if got := s.Nodes(); len(got) != 0 {
+		t.Fatalf("Nodes() = %v before publish", got)
+	}
+	if got := sub.Drain(); got != nil {
+		t.Fatalf("subscriber saw %v before publish", got)
+	}
+	b = Batch{}
+	b.PublishNode("n1")
+	if st := s.Commit(&b); st.Changed != 2 || st.NodesChanged != 1 {
+		t.Fatalf("publish stats %+v", st)
+	}
+	rs, v1, ok := s.List("n1")
+	if !ok || len(rs) != 2 {
+		t.Fatalf("after publish: %v %v", names(rs), ok)
+	}
+	if diff := cmp.Diff([]string{"service/ns/a", "service/ns/b"}, sub.Drain()); diff != "" {
+		t.Fatalf("drain (-want +got):\n%s", diff)
+	}
+
+	// Restage: a unchanged, b changed, c new, d removed by not being in
+	// the new state.
+	b = Batch{}
+	b.Set("n1", svcRes(t, "d", "198.18.0.4"), time.Unix(20, 0))
+	s.Commit(&b)
+	sub.Drain()
+	b = Batch{}
+	b.StageNode("n1")
+	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Unix(30, 0))
+	b.Set("n1", svcRes(t, "b", "198.18.0.9"), time.Unix(30, 0))
+	b.Set("n1", svcRes(t, "c", "198.18.0.3"), time.Unix(30, 0))
+	s.Commit(&b)
+	// The published state (a, b, d) is still what readers see.
+	if rs, v, _ := s.List("n1"); v == v1 || cmp.Diff([]string{"service/ns/a", "service/ns/b", "service/ns/d"}, names(rs)) != "" {
+		t.Fatalf("published state changed while staging: %v", names(rs))
+	}
+	if got := sub.Drain(); got != nil {
+		t.Fatalf("subscriber saw %v while staging", got)
+	}
+	b = Batch{}
+	b.PublishNode("n1")
+	if st := s.Commit(&b); st.Changed != 3 {
+		t.Fatalf("publish changed %d, want 3 (b, c, d)", st.Changed)
+	}
+	if diff := cmp.Diff([]string{"service/ns/b", "service/ns/c", "service/ns/d"}, sub.Drain()); diff != "" {
+		t.Fatalf("drain (-want +got):\n%s", diff)
+	}
+	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(time.Unix(10, 0)) {
+		t.Fatalf("unchanged resource's trigger time moved to %v", got)
+	}
+	if got := s.TriggerTime("n1", "service/ns/c"); !got.Equal(time.Unix(30, 0)) {
+		t.Fatalf("new resource's trigger time %v", got)
+	}
+	if st := s.Stats(); st != (Stats{Nodes: 1, Slots: 3, Distinct: 3}) {
+		t.Fatalf("stats %+v (released old values?)", st)
+	}
+
+	// Removing a node while it is staged drops both states.
+	b = Batch{}
+	b.StageNode("n1")
+	b.Set("n1", svcRes(t, "z", "198.18.0.26"), time.Time{})
+	b.RemoveNode("n1")
+	b.PublishNode("n1") // no staged state left: no-op
+	s.Commit(&b)
+	if _, _, ok := s.List("n1"); ok {
+		t.Fatal("removed node listed")
+	}
+	if len(s.intern) != 0 {
+		t.Fatalf("intern table holds %d values after the node went", len(s.intern))
+	}
+}
