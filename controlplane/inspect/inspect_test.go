@@ -19,11 +19,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/descriptorpb"
 
-	"github.com/vsplane/vsplane/controlplane/grpcserver"
 	"github.com/vsplane/vsplane/controlplane/inspect"
 	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/stream/streamtest"
+	"github.com/vsplane/vsplane/internal/grpcserver"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 

@@ -33,14 +33,15 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // NodeSettingsName is the name of the node-wide settings resource.
-const NodeSettingsName = "node/settings"
+const NodeSettingsName = wire.NodeSettingsResource
 
 // ServiceName returns the resource name of a Service.
-func ServiceName(namespace, name string) string { return "service/" + namespace + "/" + name }
+func ServiceName(namespace, name string) string { return wire.ServiceResource(namespace, name) }
 
 // NewServiceResource builds a versioned resource for a ServiceState. The
 // result must not be modified afterwards.

@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/vsplane/vsplane/controlplane/grpcserver"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/internal/grpcserver"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/vsplane/vsplane/controlplane/grpcserver"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/stream/streamtest"
+	"github.com/vsplane/vsplane/internal/grpcserver"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 

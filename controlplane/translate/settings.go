@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"github.com/vsplane/vsplane/internal/wire"
 	"net/netip"
 	"time"
 
@@ -32,10 +33,10 @@ type Config struct {
 // WithDefaults returns c with defaults filled in.
 func (c Config) WithDefaults() Config {
 	if c.DefaultScheduler == "" {
-		c.DefaultScheduler = "rr"
+		c.DefaultScheduler = wire.DefaultScheduler
 	}
 	if c.MasqueradeBit == 0 {
-		c.MasqueradeBit = 14
+		c.MasqueradeBit = wire.DefaultMasqueradeBit
 	}
 	return c
 }

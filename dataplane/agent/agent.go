@@ -30,6 +30,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
 	dpmetrics "github.com/vsplane/vsplane/dataplane/metrics"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -269,7 +270,7 @@ func serveHTTP(ctx context.Context, g *errgroup.Group, ln net.Listener, h http.H
 }
 
 // defaultReconcilePeriod is reconcile.Config's default Period.
-const defaultReconcilePeriod = 30 * time.Second
+const defaultReconcilePeriod = wire.DefaultReconcilePeriod
 
 // The agent looks at its status every statusPoll and sends it when it changed
 // (a drain started or ended, connection counts moved, a kernel error), and at

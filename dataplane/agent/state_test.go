@@ -8,26 +8,25 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 func webResource(t *testing.T, backend string) *vsplanev1.Resource {
 	t.Helper()
-	r, err := snapshot.NewServiceResource(&vsplanev1.ServiceState{
+	// The version only has to change with the content here.
+	st := &vsplanev1.ServiceState{
 		Namespace: "default", Name: "web",
 		VirtualServers: []*vsplanev1.VirtualServer{{
 			Kind: vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP, Address: "198.18.0.10", Family: vsplanev1.IPFamily_IP_FAMILY_IPV4,
 			Port: 80, Protocol: vsplanev1.Protocol_PROTOCOL_TCP, Binding: vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS,
 			RealServers: []*vsplanev1.RealServer{{Address: backend, Port: 8080, Weight: 1, Ready: true, Serving: true}},
 		}},
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	return r
+	return &vsplanev1.Resource{Name: wire.ServiceResource("default", "web"), Version: "v-" + backend,
+		Body: &vsplanev1.Resource_Service{Service: st}}
 }
 
 func newStateApplier(t *testing.T, mem *memory.Kernel, dir string) *persistentApplier {

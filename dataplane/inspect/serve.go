@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/vsplane/vsplane/controlplane/grpcserver"
+	"github.com/vsplane/vsplane/internal/grpcserver"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 

@@ -23,6 +23,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 func main() {
@@ -39,13 +40,13 @@ func run() error {
 		metricsAddr   = flag.String("metrics-address", "127.0.0.1:18001", "address for /metrics; empty disables")
 		minSync       = flag.Duration("min-sync-interval", 100*time.Millisecond, "minimum interval between recomputations")
 		maxSync       = flag.Duration("max-sync-interval", time.Hour, "maximum interval between recomputations (periodic resync)")
-		scheduler     = flag.String("scheduler", "rr", "default IPVS scheduler")
+		scheduler     = flag.String("scheduler", wire.DefaultScheduler, "default IPVS scheduler")
 		tcpTimeout    = flag.Duration("ipvs-tcp-timeout", 0, "IPVS TCP timeout; 0 leaves the kernel's value")
 		tcpFinTimeout = flag.Duration("ipvs-tcpfin-timeout", 0, "IPVS TCP FIN timeout; 0 leaves the kernel's value")
 		udpTimeout    = flag.Duration("ipvs-udp-timeout", 0, "IPVS UDP timeout; 0 leaves the kernel's value")
 		strictARP     = flag.Bool("ipvs-strict-arp", false, "set arp_ignore=1 and arp_announce=2 on nodes")
 		masqAll       = flag.Bool("masquerade-all", false, "SNAT all traffic to Service addresses")
-		masqBit       = flag.Uint("masquerade-bit", 14, "packet-mark bit requesting masquerade")
+		masqBit       = flag.Uint("masquerade-bit", wire.DefaultMasqueradeBit, "packet-mark bit requesting masquerade")
 		clusterCIDRs  = flag.String("cluster-cidr", "", "comma-separated pod CIDRs (local-traffic detection)")
 		excludeCIDRs  = flag.String("ipvs-exclude-cidrs", "", "comma-separated CIDRs whose virtual servers agents never delete")
 		npAddrs       = flag.String("nodeport-addresses", "", "comma-separated CIDRs selecting NodePort addresses (empty: all)")

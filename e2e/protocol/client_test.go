@@ -1,4 +1,7 @@
-package client_test
+// Package protocol_test runs the agent's stream client (dataplane/client)
+// against the control plane's real stream server (controlplane/stream) over
+// real sockets: the two halves of the protocol, tested together.
+package protocol_test
 
 import (
 	"context"
@@ -13,10 +16,10 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
-	"github.com/vsplane/vsplane/controlplane/grpcserver"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/stream/streamtest"
 	"github.com/vsplane/vsplane/dataplane/client"
+	"github.com/vsplane/vsplane/internal/grpcserver"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 

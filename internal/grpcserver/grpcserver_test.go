@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/vsplane/vsplane/controlplane/grpcserver"
+	"github.com/vsplane/vsplane/internal/grpcserver"
 )
 
 // panicService is a hand-written service whose methods panic.
