@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,8 +44,12 @@ type Config struct {
 	Watch watch.Options
 	// Translate is the cluster-wide configuration of every node's state.
 	Translate translate.Config
-	// Stream tunes the agent streams (hooks are chained after the replica's own).
+	// Stream tunes the agent streams (hooks are chained after the replica's
+	// own; Ready is set by the replica).
 	Stream stream.Options
+	// Engine tunes the engine (batch size, resync chunks); Translate and
+	// Metrics are set from this Config.
+	Engine engine.Config
 	Logger *zap.Logger
 }
 
@@ -60,6 +65,9 @@ type Replica struct {
 	Registry *prometheus.Registry
 	Metrics  *cpmetrics.ControlPlane
 	feed     *inspect.Feed
+	// ready is closed after the first full computation was committed.
+	ready     chan struct{}
+	readyOnce sync.Once
 }
 
 // New builds a replica; Run starts it.
@@ -75,7 +83,9 @@ func New(cfg Config) (*Replica, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	store := snapshot.NewStore()
-	eng, err := engine.New(engine.Config{Translate: cfg.Translate, Metrics: reg}, store, log.Named("engine"))
+	ecfg := cfg.Engine
+	ecfg.Translate, ecfg.Metrics = cfg.Translate, reg
+	eng, err := engine.New(ecfg, store, log.Named("engine"))
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: engine: %w", err)
 	}
@@ -83,16 +93,19 @@ func New(cfg Config) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
+	ready := make(chan struct{})
 	sopts := cfg.Stream
+	sopts.Ready = ready
 	if sopts.Logger == nil {
 		sopts.Logger = log.Named("stream")
 	}
 	feed := inspect.NewFeed(0) // WatchDeltas and per-resource NACK errors
 	sopts.Hooks = metrics.Hooks(feed.Hooks(cfg.Stream.Hooks))
-	streams := stream.NewServer(stream.Adapt[snapshot.Subscription](store), sopts)
+	streams := stream.NewServer(store, sopts)
 	metrics.Track(streams.Registry(), store)
 	insp := inspect.NewServer(inspect.Config{Agents: streams.Registry(), Snapshots: store, Problems: eng, Feed: feed})
-	gs, err := grpcserver.New(grpcserver.Options{Logger: log.Named("grpc"), Registerer: reg},
+	// NOT_SERVING (readiness probe) until the first full computation.
+	gs, err := grpcserver.New(grpcserver.Options{Logger: log, Registerer: reg, StartNotServing: true},
 		func(r grpc.ServiceRegistrar) {
 			vsplanev1.RegisterAgentServiceServer(r, streams)
 			vsplanev1.RegisterInspectServiceServer(r, insp)
@@ -100,22 +113,51 @@ func New(cfg Config) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: grpc server: %w", err)
 	}
-	watcher, err := watch.New(cfg.Kube, eng, cfg.Watch, log.Named("watch"))
-	if err != nil {
-		return nil, fmt.Errorf("controlplane: watch: %w", err)
-	}
-	return &Replica{
+	r := &Replica{
 		cfg:      cfg,
 		log:      log,
 		Store:    store,
 		Engine:   eng,
-		Watcher:  watcher,
 		Streams:  streams,
 		GRPC:     gs,
 		Registry: reg,
 		feed:     feed,
 		Metrics:  metrics,
-	}, nil
+		ready:    ready,
+	}
+	if r.Watcher, err = watch.New(cfg.Kube, readySink{eng, r.markReady}, cfg.Watch, log.Named("watch")); err != nil {
+		return nil, fmt.Errorf("controlplane: watch: %w", err)
+	}
+	return r, nil
+}
+
+// Ready is closed once the replica serves: its informers synced and its
+// first full computation is committed. Before that the health service
+// says NOT_SERVING and agent streams are held (nothing is sent).
+func (r *Replica) Ready() <-chan struct{} { return r.ready }
+
+func (r *Replica) markReady() {
+	r.readyOnce.Do(func() {
+		close(r.ready)
+		r.GRPC.SetServing(true)
+		r.log.Info("first full computation committed; serving agents", zap.Int("nodes", len(r.Store.Nodes())))
+	})
+}
+
+// readySink calls ready after the first successful Apply: the watcher's
+// first batch holds the whole cluster (watch.Sink), so by then every node's
+// complete state is in the store.
+type readySink struct {
+	*engine.Engine
+	ready func()
+}
+
+func (s readySink) Apply(ctx context.Context, ch *watch.Changes) error {
+	if err := s.Engine.Apply(ctx, ch); err != nil {
+		return err
+	}
+	s.ready()
+	return nil
 }
 
 // Run serves until ctx ends, then stops the streams (agents stay fail-static

@@ -13,7 +13,6 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
-	"github.com/vsplane/vsplane/controlplane/stream"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -22,7 +21,7 @@ import (
 func storeEnv(t *testing.T) (*env, *snapshot.Store) {
 	t.Helper()
 	store := snapshot.NewStore()
-	e := newEnvWith(t, stream.Adapt[snapshot.Subscription](store), store)
+	e := newEnvWith(t, store, store)
 	var b snapshot.Batch
 	for _, n := range []string{"n1", "n2"} {
 		b.AddNode(n)

@@ -35,6 +35,12 @@ func (c *agentsCollector) set(a Agents, d Desired) {
 	c.agents, c.desired = a, d
 }
 
+func (c *agentsCollector) desiredState() Desired {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.desired
+}
+
 func (c *agentsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- connectedDesc
 	ch <- pendingDesc
@@ -54,6 +60,9 @@ func (c *agentsCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 	for _, info := range infos {
 		node := info.GetNodeName()
+		if desired != nil && !desired.Has(node) {
+			continue // per-node series only for nodes of the cluster
+		}
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(info.GetPendingResources()), node)
 		lag := 0.0
 		if info.GetPendingResources() > 0 && desired != nil {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -34,11 +35,12 @@ type Agents interface {
 	ListAgents() []*vsplanev1.AgentInfo
 }
 
-// Desired is the per-node desired state; *snapshot.Store (and stream.Source)
-// satisfy it.
+// Desired is the per-node desired state; *snapshot.Store satisfies it.
 type Desired interface {
 	List(node string) ([]*vsplanev1.Resource, string, bool)
 	TriggerTime(node, name string) time.Time
+	// Has reports whether node is in the desired state (a known Node).
+	Has(node string) bool
 }
 
 // ControlPlane holds the control plane's stream metrics. Hooks feed the
@@ -60,6 +62,8 @@ type ControlPlane struct {
 	disconnects  prometheus.Counter
 	agentApply   prometheus.Histogram
 	kernelOps    *prometheus.CounterVec
+	closed       *prometheus.CounterVec
+	rejected     *prometheus.CounterVec
 	agentsSource *agentsCollector
 }
 
@@ -88,7 +92,7 @@ func New(reg prometheus.Registerer, now func() time.Time) (*ControlPlane, error)
 		}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vsplane_controlplane_nacks_total",
-			Help: "Deltas an agent NACKed, by node (bounded by the fleet size).",
+			Help: "Deltas an agent NACKed, by node (nodes of the cluster only; others count as \"unknown\").",
 		}, []string{"node"}),
 		acks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vsplane_controlplane_acks_total",
@@ -125,12 +129,20 @@ func New(reg prometheus.Registerer, now func() time.Time) (*ControlPlane, error)
 		}),
 		kernelOps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vsplane_controlplane_agent_kernel_operations_total",
-			Help: "Kernel operations the agents reported in their Acks, fleet-wide, by kind.",
+			Help: "Kernel operations the agents reported in their Acks, fleet-wide, by kind (the kinds of internal/wire; others count as \"other\").",
 		}, []string{"kind"}),
+		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vsplane_controlplane_agent_streams_closed_total",
+			Help: "Accepted agent streams that ended, by reason (client_closed, transport, replaced, shutdown, ack_timeout, unknown_node_timeout, too_many_unknown_nodes, protocol_error).",
+		}, []string{"reason"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vsplane_controlplane_agent_streams_rejected_total",
+			Help: "Agent streams refused before they were accepted, by reason (unauthenticated, permission_denied, protocol_error, hello_timeout, shutdown, transport).",
+		}, []string{"reason"}),
 		agentsSource: &agentsCollector{now: now},
 	}
 	for _, c := range []prometheus.Collector{m.programming, m.queue, m.nacks, m.acks, m.deltas, m.resources,
-		m.removed, m.bytes, m.connects, m.disconnects, m.agentApply, m.kernelOps, m.agentsSource} {
+		m.removed, m.bytes, m.connects, m.disconnects, m.agentApply, m.kernelOps, m.closed, m.rejected, m.agentsSource} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: registering: %w", err)
 		}
@@ -150,8 +162,15 @@ func (m *ControlPlane) Hooks(next stream.Hooks) stream.Hooks {
 		},
 		OnDisconnect: func(node string, err error) {
 			m.disconnects.Inc()
+			m.closed.WithLabelValues(string(stream.ReasonOf(err))).Inc()
 			if next.OnDisconnect != nil {
 				next.OnDisconnect(node, err)
+			}
+		},
+		OnReject: func(err error) {
+			m.rejected.WithLabelValues(string(stream.ReasonOf(err))).Inc()
+			if next.OnReject != nil {
+				next.OnReject(err)
 			}
 		},
 		OnDeltaSent: func(node string, d *vsplanev1.Delta) {
@@ -186,11 +205,11 @@ func (m *ControlPlane) Ack(ev stream.AckEvent) {
 		m.agentApply.Observe(ev.ApplyDuration.Seconds())
 	}
 	for kind, n := range ev.KernelOperations {
-		m.kernelOps.WithLabelValues(kind).Add(float64(n))
+		m.kernelOps.WithLabelValues(wire.KnownOp(kind)).Add(float64(n))
 	}
 	nack := ev.Status == vsplanev1.AckStatus_ACK_STATUS_NACK
 	if nack {
-		m.nacks.WithLabelValues(ev.Node).Inc()
+		m.nacks.WithLabelValues(m.nodeLabel(ev.Node)).Inc()
 	}
 	failed := make(map[string]bool, len(ev.Errors))
 	allFailed := nack && len(ev.Errors) == 0
@@ -212,6 +231,15 @@ func (m *ControlPlane) Ack(ev stream.AckEvent) {
 		}
 		m.programming.Observe(max(ev.ReceivedAt.Sub(trig), 0).Seconds())
 	}
+}
+
+// nodeLabel is node if the desired state knows it, else "unknown": a
+// stream cannot create series for nodes that are not in the cluster.
+func (m *ControlPlane) nodeLabel(node string) string {
+	if d := m.agentsSource.desiredState(); d != nil && d.Has(node) {
+		return node
+	}
+	return "unknown"
 }
 
 // Track makes the scrape-time gauges read agents and desired. Until it is

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"strings"
 	"testing"
 	"time"
@@ -88,13 +90,14 @@ func TestAckObservesProgrammingLatencyForAppliedResources(t *testing.T) {
 	m, reg := newTest(t, base)
 	var chained []string
 	h := m.Hooks(stream.Hooks{OnAck: func(ev stream.AckEvent) { chained = append(chained, ev.Node) }})
+	m.Track(fakeAgents{}, fakeDesired{res: map[string][]*vsplanev1.Resource{"a": nil, "b": nil}})
 
 	// ACK: both resources observed, 2s and 3s after their triggers.
 	h.OnAck(stream.AckEvent{Node: "a", Status: vsplanev1.AckStatus_ACK_STATUS_ACK,
 		SentAt: base.Add(time.Second), ReceivedAt: base.Add(3 * time.Second),
 		ApplyDuration:    50 * time.Millisecond,
 		TriggerTimes:     map[string]time.Time{"svc/x": base.Add(time.Second), "svc/y": base, "svc/z": {}},
-		KernelOperations: map[string]uint32{"ipvs_add_service": 2}})
+		KernelOperations: map[string]uint32{"ipvs_add_service": 2, "made-up kind": 7}})
 	// NACK naming svc/x: only svc/y observed (4s).
 	h.OnAck(stream.AckEvent{Node: "b", Status: vsplanev1.AckStatus_ACK_STATUS_NACK,
 		SentAt: base.Add(time.Second), ReceivedAt: base.Add(4 * time.Second),
@@ -115,8 +118,16 @@ func TestAckObservesProgrammingLatencyForAppliedResources(t *testing.T) {
 	if got := value(m.nacks.WithLabelValues("b")); got != 2 {
 		t.Errorf("nacks{node=b} = %v, want 2", got)
 	}
-	if got := value(m.acks); got != 3 {
-		t.Errorf("acks = %v, want 3", got)
+	// A node the cluster does not have gets no series of its own.
+	h.OnAck(stream.AckEvent{Node: "ghost", Status: vsplanev1.AckStatus_ACK_STATUS_NACK, ReceivedAt: base})
+	if got := value(m.nacks.WithLabelValues("unknown")); got != 1 {
+		t.Errorf("nacks{node=unknown} = %v, want 1", got)
+	}
+	if got := value(m.acks); got != 4 {
+		t.Errorf("acks = %v, want 4", got)
+	}
+	if got := value(m.kernelOps.WithLabelValues("other")); got != 7 {
+		t.Errorf("kernel ops{kind=other} = %v, want 7 (unknown kinds are not labels)", got)
 	}
 	if got := value(m.kernelOps.WithLabelValues("ipvs_add_service")); got != 2 {
 		t.Errorf("kernel ops = %v, want 2", got)
@@ -124,7 +135,7 @@ func TestAckObservesProgrammingLatencyForAppliedResources(t *testing.T) {
 	if n, _ := histogram(t, reg, "vsplane_controlplane_agent_apply_duration_seconds"); n != 1 {
 		t.Errorf("agent apply observations = %d, want 1 (zero durations are not reported)", n)
 	}
-	if strings.Join(chained, ",") != "a,b,b" {
+	if strings.Join(chained, ",") != "a,b,b,ghost" {
 		t.Errorf("chained hook saw %v", chained)
 	}
 }
@@ -166,6 +177,7 @@ func (f fakeDesired) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	return r, "v", ok
 }
 func (f fakeDesired) TriggerTime(node, name string) time.Time { return f.triggers[node+"/"+name] }
+func (f fakeDesired) Has(node string) bool                    { _, ok := f.res[node]; return ok }
 
 func TestAgentGaugesAtScrapeTime(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)
@@ -199,10 +211,38 @@ func TestAgentGaugesAtScrapeTime(t *testing.T) {
 			t.Errorf("%s{node=%q} = %v, want %v", c.name, c.node, got, c.want)
 		}
 	}
+	// An agent of a node the cluster does not have gets no per-node series
+	// (it still counts as connected).
+	m.Track(append(agents, &vsplanev1.AgentInfo{NodeName: "ghost", PendingResources: 9}), desired)
+	if got := gauge(t, reg, "vsplane_controlplane_connected_agents", ""); got != 3 {
+		t.Errorf("connected = %v, want 3", got)
+	}
+	if n := len(family(t, reg, "vsplane_controlplane_agent_lag_seconds").GetMetric()); n != 2 {
+		t.Errorf("lag series with an unknown node's agent = %d, want 2", n)
+	}
 	// Agent b disconnects: its series go with it.
 	m.Track(agents[:1], desired)
 	if n := len(family(t, reg, "vsplane_controlplane_agent_lag_seconds").GetMetric()); n != 1 {
 		t.Errorf("lag series after disconnect = %d, want 1", n)
+	}
+}
+
+func TestStreamEndsAreCountedByReason(t *testing.T) {
+	m, _ := newTest(t, time.Now())
+	h := m.Hooks(stream.Hooks{})
+	h.OnDisconnect("a", nil)
+	h.OnDisconnect("a", status.Error(codes.Unavailable, "transport is closing"))
+	h.OnReject(status.Error(codes.Unauthenticated, "no token"))
+	h.OnReject(status.Error(codes.PermissionDenied, "other node"))
+	for reason, want := range map[string]float64{"client_closed": 1, "transport": 1} {
+		if got := value(m.closed.WithLabelValues(reason)); got != want {
+			t.Errorf("closed{reason=%s} = %v, want %v", reason, got, want)
+		}
+	}
+	for reason, want := range map[string]float64{"unauthenticated": 1, "permission_denied": 1} {
+		if got := value(m.rejected.WithLabelValues(reason)); got != want {
+			t.Errorf("rejected{reason=%s} = %v, want %v", reason, got, want)
+		}
 	}
 }
 

@@ -414,6 +414,32 @@ func (s *Store) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	return out, hex.EncodeToString(ns.sys[:]), true
 }
 
+// Lookup returns node's resources among names (absent names are left out)
+// and its system version, read under one lock; ok=false for an unknown node.
+func (s *Store) Lookup(node string, names []string) ([]*vsplanev1.Resource, string, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	ns, ok := s.nodes[node]
+	if !ok {
+		return nil, "", false
+	}
+	out := make([]*vsplanev1.Resource, 0, len(names))
+	for _, n := range names {
+		if sl, ok := ns.res[n]; ok {
+			out = append(out, sl.e.res)
+		}
+	}
+	return out, hex.EncodeToString(ns.sys[:]), true
+}
+
+// Has reports whether node is published (known).
+func (s *Store) Has(node string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.nodes[node]
+	return ok
+}
+
 // Get returns node's resource name.
 func (s *Store) Get(node, name string) (*vsplanev1.Resource, bool) {
 	s.mu.RLock()

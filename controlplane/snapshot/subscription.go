@@ -6,7 +6,7 @@ import (
 )
 
 // Subscription reports which resource names of one node changed. It has the
-// method set of stream.Subscription.
+// method set stream.Subscription aliases.
 type Subscription interface {
 	// C receives a value (coalesced, buffered 1) whenever names were added to the pending set.
 	C() <-chan struct{}

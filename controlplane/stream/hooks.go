@@ -13,8 +13,12 @@ type Hooks struct {
 	// OnConnect runs after a valid Hello has been accepted.
 	OnConnect func(ev ConnectEvent)
 	// OnDisconnect runs when an accepted stream (one that had OnConnect) ends;
-	// err is what Connect returns (nil on a clean client close).
+	// err is what Connect returns (nil on a clean client close; ReasonOf
+	// classifies it).
 	OnDisconnect func(node string, err error)
+	// OnReject runs when a stream ends before it was accepted: no valid
+	// Hello, bad credentials, a Hello for another node (ReasonOf classifies it).
+	OnReject func(err error)
 	// OnDeltaSent runs after a Delta was handed to gRPC.
 	OnDeltaSent func(node string, delta *vsplanev1.Delta)
 	// OnAck runs for every Ack that matched an in-flight Delta.

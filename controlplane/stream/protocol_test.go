@@ -76,138 +76,128 @@ func TestResumeWithStaleVersionsGetsOnlyDifferences(t *testing.T) {
 }
 
 func TestChangeSendsOnlyChangedResource(t *testing.T) {
-	bothPaths(t, func(t *testing.T, versioned bool) {
-		e := newEnv(t, false, versioned)
-		e.src.Set("n1", "service/default/a", "a1", t0)
-		e.src.Set("n1", "service/default/b", "b1", t0)
-		a := e.open()
-		a.hello("n1", nil)
-		d := a.delta()
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
+	e := newEnv(t, false)
+	e.src.Set("n1", "service/default/a", "a1", t0)
+	e.src.Set("n1", "service/default/b", "b1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	d := a.delta()
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
 
-		e.src.Set("n1", "service/default/b", "b2", t0)
-		d = a.delta()
-		expectDelta(t, d, []string{"service/default/b@b2"}, nil)
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
+	e.src.Set("n1", "service/default/b", "b2", t0)
+	d = a.delta()
+	expectDelta(t, d, []string{"service/default/b@b2"}, nil)
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
 
-		e.src.Delete("n1", "service/default/a")
-		d = a.delta()
-		expectDelta(t, d, nil, []string{"service/default/a"})
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
-		info, _ := e.srv.Registry().Agent("n1")
-		if got := info.GetAcknowledgedVersions(); len(got) != 1 || got["service/default/b"] != "b2" {
-			t.Fatalf("acknowledged versions = %v", got)
-		}
+	e.src.Delete("n1", "service/default/a")
+	d = a.delta()
+	expectDelta(t, d, nil, []string{"service/default/a"})
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
+	info, _ := e.srv.Registry().Agent("n1")
+	if got := info.GetAcknowledgedVersions(); len(got) != 1 || got["service/default/b"] != "b2" {
+		t.Fatalf("acknowledged versions = %v", got)
+	}
 
-		// A change that reverts before it is sent produces no Delta: setting b to
-		// b2 again (same version) is not a difference. Prove it by sending a real
-		// change afterwards and seeing only that one.
-		e.src.Set("n1", "service/default/b", "b2", t0)
-		e.src.Set("n1", "service/default/c", "c1", t0)
-		expectDelta(t, a.delta(), []string{"service/default/c@c1"}, nil)
-	})
+	// A change that reverts before it is sent produces no Delta: setting b to
+	// b2 again (same version) is not a difference. Prove it by sending a real
+	// change afterwards and seeing only that one.
+	e.src.Set("n1", "service/default/b", "b2", t0)
+	e.src.Set("n1", "service/default/c", "c1", t0)
+	expectDelta(t, a.delta(), []string{"service/default/c@c1"}, nil)
 }
 
 func TestNackedVersionNotResentUntilChanged(t *testing.T) {
-	bothPaths(t, func(t *testing.T, versioned bool) {
-		e := newEnv(t, false, versioned)
-		e.src.Set("n1", "service/default/a", "a1", t0)
-		e.src.Set("n1", "service/default/b", "b1", t0)
-		a := e.open()
-		a.hello("n1", nil)
-		d := a.delta()
-		a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "ipvs: no such scheduler"})
-		ev := e.waitAck(d.GetNonce())
-		if ev.Status != vsplanev1.AckStatus_ACK_STATUS_NACK {
-			t.Fatalf("status = %v", ev.Status)
-		}
-		info, _ := e.srv.Registry().Agent("n1")
-		if info.GetNacks() != 1 || !strings.Contains(info.GetLastNackError(), "no such scheduler") ||
-			info.GetAcknowledgedVersions()["service/default/b"] != "b1" || info.GetPendingResources() != 1 {
-			t.Fatalf("agent info after NACK = %v", info)
-		}
-		// Lag: time since the trigger of the oldest unacknowledged resource.
-		if lag := info.GetLag().AsDuration(); lag < time.Since(t0)-time.Minute {
-			t.Fatalf("lag = %v, want about %v (since the NACKed resource's trigger)", lag, time.Since(t0))
-		}
+	e := newEnv(t, false)
+	e.src.Set("n1", "service/default/a", "a1", t0)
+	e.src.Set("n1", "service/default/b", "b1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	d := a.delta()
+	a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "ipvs: no such scheduler"})
+	ev := e.waitAck(d.GetNonce())
+	if ev.Status != vsplanev1.AckStatus_ACK_STATUS_NACK {
+		t.Fatalf("status = %v", ev.Status)
+	}
+	info, _ := e.srv.Registry().Agent("n1")
+	if info.GetNacks() != 1 || !strings.Contains(info.GetLastNackError(), "no such scheduler") ||
+		info.GetAcknowledgedVersions()["service/default/b"] != "b1" || info.GetPendingResources() != 1 {
+		t.Fatalf("agent info after NACK = %v", info)
+	}
+	// Lag: time since the trigger of the oldest unacknowledged resource.
+	if lag := info.GetLag().AsDuration(); lag < time.Since(t0)-time.Minute {
+		t.Fatalf("lag = %v, want about %v (since the NACKed resource's trigger)", lag, time.Since(t0))
+	}
 
-		// Another change: only b is sent; a@a1 is not retried.
-		e.src.Set("n1", "service/default/b", "b2", t0)
-		d = a.delta()
-		expectDelta(t, d, []string{"service/default/b@b2"}, nil)
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
+	// Another change: only b is sent; a@a1 is not retried.
+	e.src.Set("n1", "service/default/b", "b2", t0)
+	d = a.delta()
+	expectDelta(t, d, []string{"service/default/b@b2"}, nil)
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
 
-		// A change of a's content (a new version) is sent.
-		e.src.Set("n1", "service/default/a", "a2", t0)
-		d = a.delta()
-		expectDelta(t, d, []string{"service/default/a@a2"}, nil)
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
-		info, _ = e.srv.Registry().Agent("n1")
-		if info.GetPendingResources() != 0 || info.GetAcknowledgedVersions()["service/default/a"] != "a2" || info.GetLag() != nil {
-			t.Fatalf("agent info after fix = %v", info)
-		}
-	})
+	// A change of a's content (a new version) is sent.
+	e.src.Set("n1", "service/default/a", "a2", t0)
+	d = a.delta()
+	expectDelta(t, d, []string{"service/default/a@a2"}, nil)
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
+	info, _ = e.srv.Registry().Agent("n1")
+	if info.GetPendingResources() != 0 || info.GetAcknowledgedVersions()["service/default/a"] != "a2" || info.GetLag() != nil {
+		t.Fatalf("agent info after fix = %v", info)
+	}
 }
 
 func TestSlowAgentGetsCoalescedDelta(t *testing.T) {
-	bothPaths(t, func(t *testing.T, versioned bool) {
-		e := newEnv(t, false, versioned)
-		e.src.Set("n1", "service/default/a", "a1", t0)
-		a := e.open()
-		a.hello("n1", nil)
-		first := a.delta()
-		// While the first Delta is unacknowledged, many changes happen.
-		for i, v := range []string{"a2", "a3", "a4"} {
-			e.src.Set("n1", "service/default/a", v, t0.Add(time.Duration(i)*time.Second))
-		}
-		e.src.Set("n1", "service/default/b", "b1", t0)
-		e.src.Set("n1", "service/default/c", "c1", t0)
-		e.src.Delete("n1", "service/default/c") // cancels out: never sent
-		// The stream has drained every change before the Ack frees the slot.
-		waitFor(t, func() bool { return e.src.Pending("n1") == 0 })
-		a.ack(first.GetNonce())
-		d := a.delta()
-		expectDelta(t, d, []string{"service/default/a@a4", "service/default/b@b1"}, nil)
-	})
+	e := newEnv(t, false)
+	e.src.Set("n1", "service/default/a", "a1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	first := a.delta()
+	// While the first Delta is unacknowledged, many changes happen.
+	for i, v := range []string{"a2", "a3", "a4"} {
+		e.src.Set("n1", "service/default/a", v, t0.Add(time.Duration(i)*time.Second))
+	}
+	e.src.Set("n1", "service/default/b", "b1", t0)
+	e.src.Set("n1", "service/default/c", "c1", t0)
+	e.src.Delete("n1", "service/default/c") // cancels out: never sent
+	// The stream has drained every change before the Ack frees the slot.
+	waitFor(t, func() bool { return e.src.Pending("n1") == 0 })
+	a.ack(first.GetNonce())
+	d := a.delta()
+	expectDelta(t, d, []string{"service/default/a@a4", "service/default/b@b1"}, nil)
 }
 
 func TestUnknownNodeWaitsThenGetsState(t *testing.T) {
-	bothPaths(t, func(t *testing.T, versioned bool) {
-		e := newEnv(t, false, versioned)
-		a := e.open()
-		a.hello("late", map[string]string{"service/default/old": "o1"})
-		waitFor(t, func() bool { return e.src.Subscribers("late") == 1 })
-		if _, ok := e.srv.Registry().Agent("late"); !ok {
-			t.Fatal("agent of an unknown node must still be registered")
-		}
-		e.src.Set("late", "node/settings", "s1", time.Time{})
-		// Full diff on appearance: the old resource the agent holds is removed.
-		expectDelta(t, a.delta(), []string{"node/settings@s1"}, []string{"service/default/old"})
-	})
+	e := newEnv(t, false)
+	a := e.open()
+	a.hello("late", map[string]string{"service/default/old": "o1"})
+	waitFor(t, func() bool { return e.src.Subscribers("late") == 1 })
+	if _, ok := e.srv.Registry().Agent("late"); !ok {
+		t.Fatal("agent of an unknown node must still be registered")
+	}
+	e.src.Set("late", "node/settings", "s1", time.Time{})
+	// Full diff on appearance: the old resource the agent holds is removed.
+	expectDelta(t, a.delta(), []string{"node/settings@s1"}, []string{"service/default/old"})
 }
 
 func TestNodeDisappearingRemovesNothing(t *testing.T) {
-	bothPaths(t, func(t *testing.T, versioned bool) {
-		e := newEnv(t, false, versioned)
-		e.src.Set("n1", "service/default/a", "a1", t0)
-		a := e.open()
-		a.hello("n1", nil)
-		d := a.delta()
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
-		n := e.src.Lookups("n1")
-		e.src.RemoveNode("n1")
-		// Let the stream see the node absent before it comes back.
-		waitFor(t, func() bool { return e.src.Lookups("n1") > n })
-		// Node back with a different set: a full diff against what was sent.
-		e.src.Set("n1", "service/default/b", "b1", t0)
-		expectDelta(t, a.delta(), []string{"service/default/b@b1"}, []string{"service/default/a"})
-	})
+	e := newEnv(t, false)
+	e.src.Set("n1", "service/default/a", "a1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	d := a.delta()
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
+	n := e.src.Lookups("n1")
+	e.src.RemoveNode("n1")
+	// Let the stream see the node absent before it comes back.
+	waitFor(t, func() bool { return e.src.Lookups("n1") > n })
+	// Node back with a different set: a full diff against what was sent.
+	e.src.Set("n1", "service/default/b", "b1", t0)
+	expectDelta(t, a.delta(), []string{"service/default/b@b1"}, []string{"service/default/a"})
 }
 
 func TestMalformedMessagesAreInvalidArgument(t *testing.T) {
@@ -381,42 +371,40 @@ func TestNackWithoutResourceNameFailsWholeDelta(t *testing.T) {
 // without new content: AgentStatus.recovered tells the control plane, which
 // then counts that version as acknowledged (and only that version).
 func TestRecoveredNackIsAcknowledgedByStatus(t *testing.T) {
-	bothPaths(t, func(t *testing.T, versioned bool) {
-		e := newEnv(t, false, versioned)
-		e.src.Set("n1", "service/default/a", "a1", t0)
-		e.src.Set("n1", "service/default/b", "b1", t0)
-		a := e.open()
-		a.hello("n1", nil)
-		d := a.delta()
-		a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "iptables-save: Cannot initialize"})
-		e.waitAck(d.GetNonce())
-		pending := func() uint32 { info, _ := e.srv.Registry().Agent("n1"); return info.GetPendingResources() }
-		if got := pending(); got != 1 {
-			t.Fatalf("pending after NACK = %d, want 1", got)
-		}
-		status := func(st *vsplanev1.AgentStatus) {
-			a.send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: st}})
-		}
-		// A recovered version the control plane did not see NACKed, or
-		// another version, changes nothing.
-		status(&vsplanev1.AgentStatus{DriftRepaired: 1, Recovered: map[string]string{"service/default/a": "a0", "service/default/b": "bX"}})
-		waitFor(t, func() bool { return e.srv.Registry().LastStatus("n1").GetDriftRepaired() == 1 })
-		if got := pending(); got != 1 {
-			t.Fatalf("pending after an unrelated recovered map = %d, want 1", got)
-		}
-		if info, _ := e.srv.Registry().Agent("n1"); info.GetAcknowledgedVersions()["service/default/b"] != "b1" {
-			t.Fatalf("recovered bX overwrote b's acknowledged version: %v", info.GetAcknowledgedVersions())
-		}
-		status(&vsplanev1.AgentStatus{DriftRepaired: 2, Recovered: map[string]string{"service/default/a": "a1"}})
-		waitFor(t, func() bool { return pending() == 0 })
-		if info, _ := e.srv.Registry().Agent("n1"); info.GetAcknowledgedVersions()["service/default/a"] != "a1" {
-			t.Fatalf("acknowledged %v", info.GetAcknowledgedVersions())
-		}
-		// It is acknowledged, so not sent again; a new version still is.
-		e.src.Set("n1", "service/default/a", "a2", t0)
-		d = a.delta()
-		expectDelta(t, d, []string{"service/default/a@a2"}, nil)
-		a.ack(d.GetNonce())
-		e.waitAck(d.GetNonce())
-	})
+	e := newEnv(t, false)
+	e.src.Set("n1", "service/default/a", "a1", t0)
+	e.src.Set("n1", "service/default/b", "b1", t0)
+	a := e.open()
+	a.hello("n1", nil)
+	d := a.delta()
+	a.ack(d.GetNonce(), &vsplanev1.ResourceError{Name: "service/default/a", Version: "a1", Message: "iptables-save: Cannot initialize"})
+	e.waitAck(d.GetNonce())
+	pending := func() uint32 { info, _ := e.srv.Registry().Agent("n1"); return info.GetPendingResources() }
+	if got := pending(); got != 1 {
+		t.Fatalf("pending after NACK = %d, want 1", got)
+	}
+	status := func(st *vsplanev1.AgentStatus) {
+		a.send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: st}})
+	}
+	// A recovered version the control plane did not see NACKed, or
+	// another version, changes nothing.
+	status(&vsplanev1.AgentStatus{DriftRepaired: 1, Recovered: map[string]string{"service/default/a": "a0", "service/default/b": "bX"}})
+	waitFor(t, func() bool { return e.srv.Registry().LastStatus("n1").GetDriftRepaired() == 1 })
+	if got := pending(); got != 1 {
+		t.Fatalf("pending after an unrelated recovered map = %d, want 1", got)
+	}
+	if info, _ := e.srv.Registry().Agent("n1"); info.GetAcknowledgedVersions()["service/default/b"] != "b1" {
+		t.Fatalf("recovered bX overwrote b's acknowledged version: %v", info.GetAcknowledgedVersions())
+	}
+	status(&vsplanev1.AgentStatus{DriftRepaired: 2, Recovered: map[string]string{"service/default/a": "a1"}})
+	waitFor(t, func() bool { return pending() == 0 })
+	if info, _ := e.srv.Registry().Agent("n1"); info.GetAcknowledgedVersions()["service/default/a"] != "a1" {
+		t.Fatalf("acknowledged %v", info.GetAcknowledgedVersions())
+	}
+	// It is acknowledged, so not sent again; a new version still is.
+	e.src.Set("n1", "service/default/a", "a2", t0)
+	d = a.delta()
+	expectDelta(t, d, []string{"service/default/a@a2"}, nil)
+	a.ack(d.GetNonce())
+	e.waitAck(d.GetNonce())
 }

@@ -31,20 +31,33 @@
 //     NACKed version, AgentStatus.recovered says so and that version counts
 //     as acknowledged (it is still not resent).
 //   - A new stream for a node closes the older one with Aborted.
+//   - Until Options.Ready is closed nothing is sent (the replica is still
+//     computing its first full state).
+//   - Sending never blocks the stream's loop: a separate goroutine hands
+//     Deltas to gRPC. A Delta unacknowledged for Options.AckTimeout ends the
+//     stream with DeadlineExceeded; a node absent from the desired state for
+//     Options.UnknownNodeTimeout ends it with FailedPrecondition.
+//   - Limits (InvalidArgument when exceeded): the node name is a DNS-1123
+//     subdomain; a Hello lists at most MaxHeldResources names; an Ack carries
+//     at most one error per resource of its Delta (plus one) and
+//     MaxKernelOperationKinds kinds; an AgentStatus at most
+//     MaxStatusKernelErrors kernel errors, MaxStatusDraining draining real
+//     servers and MaxHeldResources recovered versions.
 package stream
 
 import (
+	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// Options configure a Server.
+// Options configure a Server. Zero values take the defaults.
 type Options struct {
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
@@ -53,20 +66,51 @@ type Options struct {
 	MaxInFlight int
 	// HelloTimeout bounds the wait for the first message; 0 means 30s.
 	HelloTimeout time.Duration
+	// AckTimeout: a Delta unacknowledged this long closes its stream with
+	// DeadlineExceeded (the agent reconnects and resumes); 0 means
+	// DefaultAckTimeout. It must exceed the longest legitimate apply (a cold
+	// start of a large node).
+	AckTimeout time.Duration
+	// Ready, if set, holds every stream until it is closed: nothing is sent
+	// before the replica's informers synced and its first full computation
+	// was committed, so a starting replica never diffs an agent against an
+	// empty or partial state. Hellos are accepted and registered meanwhile.
+	Ready <-chan struct{}
+	// UnknownNodeTimeout closes, with FailedPrecondition, a stream whose
+	// node has not been in the desired state (no Node object) for this long
+	// after Ready; 0 means DefaultUnknownNodeTimeout.
+	UnknownNodeTimeout time.Duration
+	// MaxUnknownNodeStreams caps the streams waiting for nodes that are not
+	// in the desired state; further ones end with ResourceExhausted. 0 means
+	// DefaultMaxUnknownNodeStreams.
+	MaxUnknownNodeStreams int
+	// Authenticate, if set, returns the node the stream's credentials name
+	// (see package auth). A Hello naming any other node ends the stream with
+	// PermissionDenied before anything is registered or sent; an error it
+	// returns (a gRPC status, e.g. Unauthenticated) ends the stream as is.
+	Authenticate func(ctx context.Context) (node string, err error)
 	// Hooks observe streams (metrics).
 	Hooks Hooks
 }
+
+// Defaults of Options.
+const (
+	DefaultAckTimeout            = 5 * time.Minute
+	DefaultUnknownNodeTimeout    = 10 * time.Minute
+	DefaultMaxUnknownNodeStreams = 256
+)
 
 // Server implements vsplanev1.AgentServiceServer.
 type Server struct {
 	vsplanev1.UnimplementedAgentServiceServer
 
-	src          Source
-	log          *zap.Logger
-	maxInFlight  int
-	helloTimeout time.Duration
-	hooks        Hooks
-	reg          *Registry
+	src   Source
+	log   *zap.Logger
+	opts  Options
+	hooks Hooks
+	reg   *Registry
+	// unknown counts streams waiting for a node not in the desired state.
+	unknown atomic.Int64
 
 	shutdownOnce sync.Once
 	shutdown     chan struct{}
@@ -74,26 +118,31 @@ type Server struct {
 
 // NewServer returns a Server that streams src's per-node state.
 func NewServer(src Source, opts Options) *Server {
-	log := opts.Logger
-	if log == nil {
-		log = zap.NewNop()
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
 	}
-	mif := opts.MaxInFlight
-	if mif <= 0 {
-		mif = 1
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 1
 	}
-	ht := opts.HelloTimeout
-	if ht <= 0 {
-		ht = 30 * time.Second
+	if opts.HelloTimeout <= 0 {
+		opts.HelloTimeout = 30 * time.Second
+	}
+	if opts.AckTimeout <= 0 {
+		opts.AckTimeout = DefaultAckTimeout
+	}
+	if opts.UnknownNodeTimeout <= 0 {
+		opts.UnknownNodeTimeout = DefaultUnknownNodeTimeout
+	}
+	if opts.MaxUnknownNodeStreams <= 0 {
+		opts.MaxUnknownNodeStreams = DefaultMaxUnknownNodeStreams
 	}
 	return &Server{
-		helloTimeout: ht,
-		src:          src,
-		log:          log.Named("stream"),
-		maxInFlight:  mif,
-		hooks:        opts.Hooks,
-		reg:          newRegistry(src),
-		shutdown:     make(chan struct{}),
+		src:      src,
+		log:      opts.Logger,
+		opts:     opts,
+		hooks:    opts.Hooks,
+		reg:      newRegistry(src),
+		shutdown: make(chan struct{}),
 	}
 }
 
@@ -106,7 +155,7 @@ func (s *Server) Shutdown() {
 }
 
 func errShuttingDown() error {
-	return status.Error(codes.Unavailable, "control plane shutting down")
+	return closeErr(ReasonShutdown, codes.Unavailable, "control plane shutting down")
 }
 
 // Registry returns the registry of agents connected to this server.
@@ -124,9 +173,12 @@ func (s *Server) Connect(stream vsplanev1.AgentService_ConnectServer) error {
 	}
 	sess, err := s.accept(stream)
 	if err != nil {
+		if s.hooks.OnReject != nil {
+			s.hooks.OnReject(err)
+		}
 		return err
 	}
-	err = sess.run()
+	err = sess.run(stream)
 	if s.hooks.OnDisconnect != nil {
 		s.hooks.OnDisconnect(sess.node, err)
 	}

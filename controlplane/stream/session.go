@@ -6,8 +6,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -37,12 +34,13 @@ type recvResult struct {
 // session is one accepted stream. Everything except st (shared with the
 // Registry under st.mu) is owned by the run goroutine.
 type session struct {
-	s      *Server
-	stream vsplanev1.AgentService_ConnectServer
-	log    *zap.Logger
-	node   string
-	st     *agentState
-	sub    Subscription
+	s    *Server
+	log  *zap.Logger
+	node string
+	st   *agentState
+	sub  Subscription
+	// sendq feeds the sender goroutine (capacity MaxInFlight).
+	sendq chan *vsplanev1.ConnectResponse
 
 	// sent is what the agent holds or will hold once in-flight Deltas apply:
 	// name -> version (seeded from Hello).
@@ -56,16 +54,24 @@ type session struct {
 	// firstSent: the first Delta (possibly empty) went out.
 	firstSent bool
 	known     bool
-	nonce     uint64
-	inflight  []*inflightDelta
+	// unknownSince is when the stream started waiting for its node to
+	// appear in the Source (zero: not waiting).
+	unknownSince time.Time
+	nonce        uint64
+	inflight     []*inflightDelta
 }
 
-func invalid(format string, args ...any) error {
-	return status.Errorf(codes.InvalidArgument, format, args...)
-}
-
-// accept reads and validates the Hello, registers the agent and subscribes.
+// accept reads and validates the Hello, checks it against the stream's
+// credentials, registers the agent and subscribes.
 func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, error) {
+	var authNode string
+	if s.opts.Authenticate != nil {
+		n, err := s.opts.Authenticate(stream.Context())
+		if err != nil {
+			return nil, err
+		}
+		authNode = n
+	}
 	first, err := s.recvHello(stream)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
@@ -77,9 +83,13 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 	if hello == nil {
 		return nil, invalid("first message must be Hello, got %s", describe(first))
 	}
+	if err := checkHello(hello); err != nil {
+		return nil, err
+	}
 	node := hello.GetNodeName()
-	if strings.TrimSpace(node) == "" {
-		return nil, invalid("Hello.node_name must not be empty")
+	if s.opts.Authenticate != nil && node != authNode {
+		return nil, closeErr(ReasonPermissionDenied, codes.PermissionDenied,
+			"Hello names node %q but the credentials belong to node %q", node, authNode)
 	}
 	peerAddr := ""
 	if p, ok := peer.FromContext(stream.Context()); ok && p.Addr != nil {
@@ -113,13 +123,14 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 			HeldResources: len(held), Replaced: replaced})
 	}
 	return &session{
-		s: s, stream: stream, log: log, node: node, st: st, sub: sub,
-		sent: held, nacked: map[string]string{}, dirty: map[string]struct{}{},
+		s: s, log: log, node: node, st: st, sub: sub,
+		sendq: make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
+		sent:  held, nacked: map[string]string{}, dirty: map[string]struct{}{},
 		needFull: true,
 	}, nil
 }
 
-// recvHello waits at most helloTimeout for the first message, so a peer that
+// recvHello waits at most HelloTimeout for the first message, so a peer that
 // connects and never speaks does not hold a handler forever.
 func (s *Server) recvHello(stream vsplanev1.AgentService_ConnectServer) (*vsplanev1.ConnectRequest, error) {
 	type result struct {
@@ -131,14 +142,14 @@ func (s *Server) recvHello(stream vsplanev1.AgentService_ConnectServer) (*vsplan
 		m, err := stream.Recv()
 		ch <- result{m, err}
 	}()
-	t := time.NewTimer(s.helloTimeout)
+	t := time.NewTimer(s.opts.HelloTimeout)
 	defer t.Stop()
 	select {
 	case r := <-ch:
 		return r.m, r.err
 	case <-t.C:
 		// Returning ends the RPC, which makes the pending Recv return.
-		return nil, invalid("no Hello within %v", s.helloTimeout)
+		return nil, closeErr(ReasonHelloTimeout, codes.InvalidArgument, "no Hello within %v", s.opts.HelloTimeout)
 	case <-s.shutdown:
 		return nil, errShuttingDown()
 	}
@@ -157,16 +168,19 @@ func describe(m *vsplanev1.ConnectRequest) string {
 	}
 }
 
-func (ss *session) run() error {
+// run serves the stream: one loop owns the session state and never blocks
+// on the network; a receiver and a sender goroutine do the I/O.
+func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 	defer ss.sub.Close()
 	defer ss.s.reg.unregister(ss.st)
+	defer ss.leaveUnknown()
 
 	done := make(chan struct{})
 	defer close(done)
 	recv := make(chan recvResult)
 	go func() {
 		for {
-			m, err := ss.stream.Recv()
+			m, err := stream.Recv()
 			select {
 			case recv <- recvResult{m, err}:
 			case <-done:
@@ -177,12 +191,45 @@ func (ss *session) run() error {
 			}
 		}
 	}()
+	sendErr := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case m := <-ss.sendq:
+				// Blocks while the agent does not read (gRPC flow control);
+				// returning from the handler unblocks it.
+				if err := stream.Send(m); err != nil {
+					sendErr <- err
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
 
-	ctx := ss.stream.Context()
-	if err := ss.maybeSend(); err != nil {
-		return err
+	ctx := stream.Context()
+	ready := ss.s.opts.Ready
+	isReady := ready == nil
+	if !isReady {
+		select {
+		case <-ready:
+			isReady = true
+		default:
+			ss.log.Info("holding the agent until this replica has computed its first full state")
+		}
 	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
+		if isReady {
+			if err := ss.maybeSend(); err != nil {
+				ss.log.Warn("closing agent stream", zap.Error(err))
+				return err
+			}
+		}
+		deadline, reason := ss.deadline()
+		resetTimer(timer, deadline)
 		select {
 		case <-ctx.Done():
 			ss.log.Info("agent stream ended", zap.Error(ctx.Err()))
@@ -192,11 +239,16 @@ func (ss *session) run() error {
 			return errShuttingDown()
 		case <-ss.st.replaced:
 			ss.log.Info("agent stream replaced by a newer one")
-			return status.Errorf(codes.Aborted, "stream replaced by a newer stream for node %q", ss.node)
+			return closeErr(ReasonReplaced, codes.Aborted, "stream replaced by a newer stream for node %q", ss.node)
+		case <-ready:
+			isReady, ready = true, nil
 		case <-ss.sub.C():
 			for _, n := range ss.sub.Drain() {
 				ss.dirty[n] = struct{}{}
 			}
+		case err := <-sendErr:
+			ss.log.Info("sending delta failed", zap.Error(err))
+			return err
 		case r := <-recv:
 			if r.err != nil {
 				if errors.Is(r.err, io.EOF) {
@@ -210,11 +262,49 @@ func (ss *session) run() error {
 				ss.log.Warn("protocol error, closing stream", zap.Error(err))
 				return err
 			}
-		}
-		if err := ss.maybeSend(); err != nil {
-			return err
+		case <-timer.C:
+			if !deadline.IsZero() && !time.Now().Before(deadline) {
+				err := reason()
+				ss.log.Warn("closing agent stream", zap.Error(err))
+				return err
+			}
 		}
 	}
+}
+
+// deadline is the earliest time the stream must end by itself (the oldest
+// in-flight Delta's Ack timeout, or the unknown-node timeout) and the error
+// to end it with; zero if none.
+func (ss *session) deadline() (time.Time, func() error) {
+	var at time.Time
+	var why func() error
+	if len(ss.inflight) > 0 {
+		d := ss.inflight[0]
+		at = d.sentAt.Add(ss.s.opts.AckTimeout)
+		why = func() error {
+			return closeErr(ReasonAckTimeout, codes.DeadlineExceeded,
+				"no Ack for Delta %s (%d resources, %d removals) within %v", d.nonce, len(d.upserts), len(d.removed), ss.s.opts.AckTimeout)
+		}
+	}
+	if !ss.unknownSince.IsZero() {
+		if u := ss.unknownSince.Add(ss.s.opts.UnknownNodeTimeout); at.IsZero() || u.Before(at) {
+			at = u
+			why = func() error {
+				return closeErr(ReasonUnknownNode, codes.FailedPrecondition,
+					"node %q has not been in the cluster for %v (no Node object)", ss.node, ss.s.opts.UnknownNodeTimeout)
+			}
+		}
+	}
+	return at, why
+}
+
+// resetTimer makes t fire at deadline (or not at all for a zero deadline).
+func resetTimer(t *time.Timer, deadline time.Time) {
+	t.Stop()
+	if deadline.IsZero() {
+		return
+	}
+	t.Reset(max(time.Until(deadline), 0))
 }
 
 func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
@@ -222,6 +312,9 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 	case *vsplanev1.ConnectRequest_Ack:
 		return ss.handleAck(msg.Ack)
 	case *vsplanev1.ConnectRequest_Status:
+		if err := checkStatus(msg.Status); err != nil {
+			return err
+		}
 		ss.st.mu.Lock()
 		ss.st.lastStatus = msg.Status
 		// A NACKed version the agent's retry has since applied is
@@ -259,6 +352,9 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		return nil
 	}
 	d := ss.inflight[idx]
+	if err := checkAck(ack, d); err != nil {
+		return err
+	}
 	ss.inflight = slices.Delete(ss.inflight, idx, idx+1)
 
 	failed := map[string]*vsplanev1.ResourceError{}
@@ -334,162 +430,4 @@ func nackSummary(errs []*vsplanev1.ResourceError) string {
 		parts = append(parts, fmt.Sprintf("%s@%s: %s", e.GetName(), e.GetVersion(), e.GetMessage()))
 	}
 	return strings.Join(parts, "; ")
-}
-
-// maybeSend computes and sends the next Delta if flow control allows and
-// there is something to send (or the first Delta is still due).
-func (ss *session) maybeSend() error {
-	if len(ss.inflight) >= ss.s.maxInFlight {
-		return nil // coalesce: dirty keeps growing until an Ack frees a slot
-	}
-	if !ss.needFull && len(ss.dirty) == 0 {
-		return nil
-	}
-	if svr, ok := ss.s.src.(SystemVersioner); ok && !ss.needFull {
-		// Incremental: O(dirty names).
-		sysVersion, known := svr.SystemVersion(ss.node)
-		if !known {
-			ss.nodeUnknown()
-			return nil
-		}
-		names := slices.Sorted(maps.Keys(ss.dirty))
-		clear(ss.dirty)
-		var upserts []*vsplanev1.Resource
-		var removed []string
-		for _, name := range names {
-			r, found := ss.s.src.Get(ss.node, name)
-			upserts, removed = ss.decide(name, r, found, upserts, removed)
-		}
-		// Gets are not atomic with SystemVersion: if the node vanished
-		// meanwhile, its "removals" must not reach the agent (fail-static).
-		if _, still := svr.SystemVersion(ss.node); !still {
-			ss.nodeUnknown()
-			return nil
-		}
-		return ss.maybeSendDelta(upserts, removed, sysVersion)
-	}
-
-	res, sysVersion, ok := ss.s.src.List(ss.node)
-	if !ok {
-		ss.nodeUnknown()
-		return nil
-	}
-	if !ss.known && ss.firstSent {
-		ss.log.Info("node reappeared in the desired state; sending a full diff")
-	}
-	ss.known = true
-
-	var names []string
-	if ss.needFull {
-		set := make(map[string]struct{}, len(res)+len(ss.sent))
-		for _, r := range res {
-			set[r.GetName()] = struct{}{}
-		}
-		for n := range ss.sent {
-			set[n] = struct{}{}
-		}
-		names = slices.Sorted(maps.Keys(set))
-	} else {
-		names = slices.Sorted(maps.Keys(ss.dirty))
-	}
-	clear(ss.dirty)
-	ss.needFull = false
-
-	var upserts []*vsplanev1.Resource
-	var removed []string
-	for _, name := range names {
-		i, found := sort.Find(len(res), func(i int) int { return strings.Compare(name, res[i].GetName()) })
-		var r *vsplanev1.Resource
-		if found {
-			r = res[i]
-		}
-		upserts, removed = ss.decide(name, r, found, upserts, removed)
-	}
-	return ss.maybeSendDelta(upserts, removed, sysVersion)
-}
-
-// nodeUnknown handles a node absent from the Source: nothing is sent or
-// removed (fail-static); the next appearance gets a full diff.
-func (ss *session) nodeUnknown() {
-	if ss.known {
-		ss.log.Warn("node disappeared from the desired state; keeping the agent's state")
-	} else if !ss.firstSent && ss.needFull && len(ss.dirty) == 0 {
-		ss.log.Info("node not known yet; waiting for it to appear")
-	}
-	ss.known = false
-	ss.needFull = true
-	clear(ss.dirty)
-}
-
-// decide appends name to upserts or removed if the agent needs it: desired
-// (found) with a version other than the one sent and not a NACKed one, or
-// not desired but held by the agent.
-func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
-	upserts []*vsplanev1.Resource, removed []string) ([]*vsplanev1.Resource, []string) {
-	if found {
-		if v, ok := ss.sent[name]; ok && v == r.GetVersion() {
-			return upserts, removed
-		}
-		if v, ok := ss.nacked[name]; ok && v == r.GetVersion() {
-			return upserts, removed
-		}
-		return append(upserts, r), removed
-	}
-	if _, held := ss.sent[name]; held {
-		removed = append(removed, name)
-	}
-	return upserts, removed
-}
-
-func (ss *session) maybeSendDelta(upserts []*vsplanev1.Resource, removed []string, sysVersion string) error {
-	if len(upserts) == 0 && len(removed) == 0 && ss.firstSent {
-		return nil
-	}
-	return ss.send(upserts, removed, sysVersion)
-}
-
-func (ss *session) send(upserts []*vsplanev1.Resource, removed []string, sysVersion string) error {
-	ss.nonce++
-	d := &inflightDelta{
-		nonce:    strconv.FormatUint(ss.nonce, 10),
-		upserts:  make(map[string]string, len(upserts)),
-		removed:  removed,
-		triggers: map[string]time.Time{},
-	}
-	delta := &vsplanev1.Delta{
-		Nonce:         d.nonce,
-		SystemVersion: sysVersion,
-		Resources:     upserts, // shared, immutable resources: never modified here
-		Removed:       removed,
-	}
-	for _, r := range upserts {
-		d.upserts[r.GetName()] = r.GetVersion()
-		if t := ss.s.src.TriggerTime(ss.node, r.GetName()); !t.IsZero() {
-			d.triggers[r.GetName()] = t
-			if delta.TriggerTimes == nil {
-				delta.TriggerTimes = map[string]*timestamppb.Timestamp{}
-			}
-			delta.TriggerTimes[r.GetName()] = timestamppb.New(t)
-		}
-	}
-	d.sentAt = time.Now()
-	if err := ss.stream.Send(&vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_Delta{Delta: delta}}); err != nil {
-		ss.log.Info("sending delta failed", zap.Error(err))
-		return err
-	}
-	for name, v := range d.upserts {
-		ss.sent[name] = v
-	}
-	for _, name := range removed {
-		delete(ss.sent, name)
-		delete(ss.nacked, name)
-	}
-	ss.inflight = append(ss.inflight, d)
-	ss.firstSent = true
-	ss.log.Debug("sent delta", zap.String("nonce", d.nonce), zap.Int("resources", len(upserts)),
-		zap.Int("removed", len(removed)))
-	if h := ss.s.hooks.OnDeltaSent; h != nil {
-		h(ss.node, delta)
-	}
-	return nil
 }

@@ -39,7 +39,7 @@ func TestWithRealSnapshotStore(t *testing.T) {
 	b.Set("n1", svc("default", "b", 80), time.Now())
 	st.Commit(&b)
 
-	srv := stream.NewServer(stream.Adapt[snapshot.Subscription](st), stream.Options{Logger: zaptest.NewLogger(t)})
+	srv := stream.NewServer(st, stream.Options{Logger: zaptest.NewLogger(t)})
 	gs, err := grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t)}, func(r grpc.ServiceRegistrar) {
 		vsplanev1.RegisterAgentServiceServer(r, srv)
 	})

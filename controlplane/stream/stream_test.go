@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -32,19 +33,15 @@ type env struct {
 
 // newEnv serves a stream.Server over bufconn (realSocket=false) or a real
 // 127.0.0.1 TCP socket (realSocket=true), through grpcserver.New.
-// versioned=true wraps the source in streamtest.Versioned (incremental path).
-func newEnv(t *testing.T, realSocket bool, versioned ...bool) *env {
+func newEnv(t *testing.T, realSocket bool) *env {
 	t.Helper()
-	return newEnvOpts(t, realSocket, stream.Options{}, versioned...)
+	return newEnvOpts(t, realSocket, stream.Options{})
 }
 
-func newEnvOpts(t *testing.T, realSocket bool, opts stream.Options, versioned ...bool) *env {
+func newEnvOpts(t *testing.T, realSocket bool, opts stream.Options) *env {
 	t.Helper()
 	e := &env{t: t, src: streamtest.New(), acks: make(chan stream.AckEvent, 100)}
 	var src stream.Source = e.src
-	if len(versioned) > 0 && versioned[0] {
-		src = streamtest.Versioned{Source: e.src}
-	}
 	opts.Logger = zaptest.NewLogger(t)
 	opts.Hooks.OnAck = func(ev stream.AckEvent) { e.acks <- ev }
 	e.srv = stream.NewServer(src, opts)
@@ -90,15 +87,28 @@ type agent struct {
 	errc   chan error
 }
 
-func (e *env) open() *agent {
+func (e *env) open() *agent { return e.openCtx(context.Background(), true) }
+
+// openAs opens a stream whose (test) credentials name node.
+func (e *env) openAs(node string) *agent {
+	return e.openCtx(metadata.AppendToOutgoingContext(context.Background(), "x-test-node", node), true)
+}
+
+// openRaw opens a stream that never reads what the server sends.
+func (e *env) openRaw() *agent { return e.openCtx(context.Background(), false) }
+
+func (e *env) openCtx(ctx context.Context, read bool) *agent {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(ctx)
 	e.t.Cleanup(cancel)
 	st, err := vsplanev1.NewAgentServiceClient(e.conn).Connect(ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	a := &agent{t: e.t, cancel: cancel, st: st, msgs: make(chan *vsplanev1.ConnectResponse, 100), errc: make(chan error, 1)}
+	if !read {
+		return a
+	}
 	go func() {
 		for {
 			m, err := st.Recv()
@@ -217,10 +227,4 @@ func statusCode(t *testing.T, err error) codes.Code {
 		t.Fatalf("not a gRPC status error: %v", err)
 	}
 	return s.Code()
-}
-
-// bothPaths runs f against a List-only Source and a SystemVersioner Source.
-func bothPaths(t *testing.T, f func(t *testing.T, versioned bool)) {
-	t.Run("list", func(t *testing.T) { f(t, false) })
-	t.Run("versioned", func(t *testing.T) { f(t, true) })
 }

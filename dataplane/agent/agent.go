@@ -14,6 +14,8 @@ import (
 	"net/netip"
 	"runtime"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,8 +42,14 @@ var Version = "dev"
 
 // Config configures an agent.
 type Config struct {
-	// ControlPlane is the control plane's gRPC address (host:port).
+	// ControlPlane lists the control-plane replicas' gRPC addresses
+	// (host:port, comma-separated); every reconnect tries another one.
 	ControlPlane string
+	// FirstDeltaTimeout, MaxRemovalShare and RemovalConfirmation are passed
+	// to the client (zero: its defaults).
+	FirstDeltaTimeout   time.Duration
+	MaxRemovalShare     float64
+	RemovalConfirmation time.Duration
 	// NodeName is this node's Kubernetes Node name.
 	NodeName string
 	// Kernel to program; nil means the real Linux kernel of this network
@@ -97,6 +105,9 @@ type Agent struct {
 	// signalled after every Apply.
 	health     *healthcheck.Server
 	healthSync chan struct{}
+	// heldRemoval is what the client's mass-removal guard holds (nil: none).
+	heldRemoval atomic.Pointer[vsplanev1.HeldRemoval]
+	statusKick  chan struct{}
 }
 
 // New builds an agent. With a nil cfg.Kernel it opens the real kernel, which
@@ -126,7 +137,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: reconciler: %w", err)
 	}
-	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log, healthSync: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log, healthSync: make(chan struct{}, 1), statusKick: make(chan struct{}, 1)}
 	if cfg.InspectListener != nil {
 		if a.inspect, err = inspect.New(rec, k.IPVS, k.Links); err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
@@ -166,8 +177,14 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			Listen: cfg.healthListen})
 		applier = notifyApplier{Applier: applier, ch: a.healthSync}
 	}
+	var targets []string
+	for _, t := range strings.Split(cfg.ControlPlane, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			targets = append(targets, t)
+		}
+	}
 	a.Client, err = client.New(client.Config{
-		Target:       cfg.ControlPlane,
+		Targets:      targets,
 		NodeName:     cfg.NodeName,
 		AgentVersion: Version,
 		Capabilities: a.capabilities,
@@ -176,6 +193,15 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		BackoffBase:  cfg.BackoffBase,
 		BackoffMax:   cfg.BackoffMax,
 		OnStreamEnd:  cfg.OnStreamEnd,
+
+		FirstDeltaTimeout:   cfg.FirstDeltaTimeout,
+		MaxRemovalShare:     cfg.MaxRemovalShare,
+		RemovalConfirmation: cfg.RemovalConfirmation,
+		OnRemovalHeld: func(h *vsplanev1.HeldRemoval) {
+			a.heldRemoval.Store(h)
+			a.Metrics.RemovalHeld(h)
+			a.statusNow()
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("agent: client: %w", err)
@@ -289,6 +315,7 @@ func (a *Agent) reportStatus(ctx context.Context) {
 	var lastSent time.Time
 	for {
 		st := a.Reconciler.Status()
+		st.HeldRemoval = a.heldRemoval.Load()
 		if a.health != nil {
 			// Bind failures of health-check node ports are node problems the
 			// control plane should see.
@@ -305,7 +332,16 @@ func (a *Agent) reportStatus(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-a.statusKick:
 		}
+	}
+}
+
+// statusNow makes reportStatus look at the status at once.
+func (a *Agent) statusNow() {
+	select {
+	case a.statusKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 )
 
 func TestBackoffGrowsWithJitterAndCaps(t *testing.T) {
-	c, err := New(Config{Target: "x:1", NodeName: "n", Applier: nopApplier{},
+	c, err := New(Config{Targets: []string{"x:1"}, NodeName: "n", Applier: nopApplier{},
 		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
 	if err != nil {
 		t.Fatal(err)

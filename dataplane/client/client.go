@@ -7,6 +7,17 @@
 // nothing; the kernel keeps whatever was last programmed. On reconnect the
 // Hello carries Applier.Versions(), so the control plane sends only what
 // changed meanwhile.
+//
+// Several control-plane replicas can be given (Config.Targets): every
+// reconnect goes to another one, chosen at random, so agents spread over
+// the replicas and a broken or starting replica is left quickly; a replica
+// that sends no first Delta within FirstDeltaTimeout (it is still computing
+// its first full state) counts as failed.
+//
+// Defence in depth (removal.go): a first Delta after (re)connect that would
+// remove more than MaxRemovalShare of the Services the node holds is not
+// applied at once; it is held and applied only if a control plane still
+// says so after RemovalConfirmation.
 package client
 
 import (
@@ -15,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,8 +59,9 @@ type Applier interface {
 
 // Config configures a Client.
 type Config struct {
-	// Target is the control plane address (gRPC target, e.g. "host:port").
-	Target string
+	// Targets are the control-plane replicas' addresses (gRPC targets, e.g.
+	// "host:port"); at least one.
+	Targets []string
 	// NodeName is this node's Kubernetes Node name; required.
 	NodeName     string
 	AgentVersion string
@@ -69,6 +82,18 @@ type Config struct {
 	DialOptions []grpc.DialOption
 	// OnStreamEnd, if set, is called after each stream ends (tests, metrics).
 	OnStreamEnd func(err error)
+	// FirstDeltaTimeout: a stream without a first Delta this long after its
+	// Hello is closed and another target tried (default 30s).
+	FirstDeltaTimeout time.Duration
+	// MaxRemovalShare and RemovalConfirmation configure the mass-removal
+	// guard (see removal.go). A first Delta removing more than this share
+	// of the Services held (default 0.5; 1 or more disables the guard) is
+	// held for RemovalConfirmation (default 30s).
+	MaxRemovalShare     float64
+	RemovalConfirmation time.Duration
+	// OnRemovalHeld, if set, is called whenever the guard starts or stops
+	// holding a Delta (nil when it stops).
+	OnRemovalHeld func(*vsplanev1.HeldRemoval)
 }
 
 // DefaultMaxRecvMsgSize (256 MiB): gRPC's default of 4 MiB is too small for
@@ -80,6 +105,7 @@ type Client struct {
 	cfg       Config
 	log       *zap.Logger
 	connected atomic.Bool
+	guard     removalGuard
 
 	statusMu   sync.Mutex
 	lastStatus *vsplanev1.AgentStatus
@@ -88,8 +114,13 @@ type Client struct {
 
 // New validates cfg and returns a Client.
 func New(cfg Config) (*Client, error) {
-	if cfg.Target == "" {
-		return nil, errors.New("client: Target is required")
+	if len(cfg.Targets) == 0 {
+		return nil, errors.New("client: at least one target is required")
+	}
+	for _, t := range cfg.Targets {
+		if strings.TrimSpace(t) == "" {
+			return nil, fmt.Errorf("client: empty target in %q", cfg.Targets)
+		}
 	}
 	if cfg.NodeName == "" {
 		return nil, errors.New("client: NodeName is required")
@@ -106,6 +137,15 @@ func New(cfg Config) (*Client, error) {
 	if cfg.MaxRecvMsgSize <= 0 {
 		cfg.MaxRecvMsgSize = DefaultMaxRecvMsgSize
 	}
+	if cfg.FirstDeltaTimeout <= 0 {
+		cfg.FirstDeltaTimeout = 30 * time.Second
+	}
+	if cfg.MaxRemovalShare <= 0 {
+		cfg.MaxRemovalShare = DefaultMaxRemovalShare
+	}
+	if cfg.RemovalConfirmation <= 0 {
+		cfg.RemovalConfirmation = DefaultRemovalConfirmation
+	}
 	if cfg.BackoffMax < cfg.BackoffBase {
 		return nil, fmt.Errorf("client: BackoffMax %v < BackoffBase %v", cfg.BackoffMax, cfg.BackoffBase)
 	}
@@ -113,8 +153,9 @@ func New(cfg Config) (*Client, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Client{cfg: cfg, log: log.Named("client").With(zap.String("node", cfg.NodeName)),
-		statusCh: make(chan struct{}, 1)}, nil
+	c := &Client{cfg: cfg, log: log, statusCh: make(chan struct{}, 1)}
+	c.guard = removalGuard{maxShare: cfg.MaxRemovalShare, confirm: cfg.RemovalConfirmation, log: log, notify: cfg.OnRemovalHeld}
+	return c, nil
 }
 
 // Connected reports whether a stream is open and its Hello was sent.
@@ -133,7 +174,7 @@ func (c *Client) SetStatus(st *vsplanev1.AgentStatus) {
 }
 
 // Run connects and serves streams until ctx ends; it returns nil then, or an
-// error only if the connection cannot be set up at all (bad target).
+// error only if a connection cannot be set up at all (bad target).
 func (c *Client) Run(ctx context.Context) error {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -151,16 +192,20 @@ func (c *Client) Run(ctx context.Context) error {
 		}),
 	}
 	opts = append(opts, c.cfg.DialOptions...)
-	conn, err := grpc.NewClient(c.cfg.Target, opts...)
-	if err != nil {
-		return fmt.Errorf("client: dial %q: %w", c.cfg.Target, err)
+	apis := make([]vsplanev1.AgentServiceClient, len(c.cfg.Targets))
+	for i, target := range c.cfg.Targets {
+		conn, err := grpc.NewClient(target, opts...)
+		if err != nil {
+			return fmt.Errorf("client: dial %q: %w", target, err)
+		}
+		defer conn.Close()
+		apis[i] = vsplanev1.NewAgentServiceClient(conn)
 	}
-	defer conn.Close()
-	api := vsplanev1.NewAgentServiceClient(conn)
 
 	attempt := 0
+	current := rand.N(len(apis)) // agents start spread over the replicas
 	for {
-		healthy, err := c.runStream(ctx, api)
+		healthy, err := c.runStream(ctx, apis[current], c.cfg.Targets[current])
 		if c.cfg.OnStreamEnd != nil {
 			c.cfg.OnStreamEnd(err)
 		}
@@ -172,8 +217,11 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		d := c.backoff(attempt)
 		attempt++
+		next := c.nextTarget(current)
 		c.log.Warn("agent stream ended; reconnecting (fail-static: kernel state kept)",
-			zap.Error(err), zap.Duration("backoff", d), zap.Int("attempt", attempt))
+			zap.Error(err), zap.String("target", c.cfg.Targets[current]), zap.String("next", c.cfg.Targets[next]),
+			zap.Duration("backoff", d), zap.Int("attempt", attempt))
+		current = next
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -182,6 +230,16 @@ func (c *Client) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// nextTarget picks the target of the next attempt: any other one, at
+// random, so the agents of a replica that went away spread over the rest.
+func (c *Client) nextTarget(current int) int {
+	n := len(c.cfg.Targets)
+	if n == 1 {
+		return 0
+	}
+	return (current + 1 + rand.N(n-1)) % n
 }
 
 // backoff is min(max, base*2^attempt), jittered into [d/2, d].
@@ -197,7 +255,7 @@ func (c *Client) backoff(attempt int) time.Duration {
 }
 
 // runStream serves one stream. healthy reports whether it delivered a Delta.
-func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient) (healthy bool, err error) {
+func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient, target string) (healthy bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := api.Connect(sctx)
@@ -224,7 +282,7 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 	}
 	c.connected.Store(true)
 	defer c.connected.Store(false)
-	c.log.Info("agent stream open", zap.String("target", c.cfg.Target),
+	c.log.Info("agent stream open", zap.String("target", target),
 		zap.Int("heldResources", len(hello.ResourceVersions)))
 
 	// Status sender: the current status now, then on every SetStatus.
@@ -251,9 +309,19 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 		}
 	}()
 
+	// A replica still computing its first full state holds the stream; do
+	// not wait for it forever when another may be ready.
+	firstDelta := time.AfterFunc(c.cfg.FirstDeltaTimeout, func() {
+		cancel()
+	})
+	defer firstDelta.Stop()
+	first := true
 	for {
 		resp, err := st.Recv()
 		if err != nil {
+			if first && !firstDelta.Stop() && ctx.Err() == nil {
+				return false, fmt.Errorf("no first Delta from %s within %v (replica not ready?)", target, c.cfg.FirstDeltaTimeout)
+			}
 			if errors.Is(err, io.EOF) {
 				err = errors.New("control plane closed the stream")
 			}
@@ -263,6 +331,22 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 		if delta == nil {
 			c.log.Warn("ignoring ConnectResponse without a Delta")
 			continue
+		}
+		if first {
+			firstDelta.Stop()
+			first = false
+			if hold := c.guard.check(delta, c.cfg.Applier.Versions(), target, time.Now()); hold > 0 {
+				// Not applied, not acknowledged: keep the stream (the
+				// control plane sees the hold in AgentStatus) for the
+				// confirmation period, then ask again, maybe elsewhere.
+				t := time.NewTimer(hold)
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+				return true, fmt.Errorf("holding a first Delta that removes most Services; asking the control plane again")
+			}
 		}
 		healthy = true
 		start := time.Now()

@@ -73,8 +73,11 @@ type Agent struct {
 	applies      *prometheus.CounterVec
 	healthz      *prometheus.CounterVec
 	livez        *prometheus.CounterVec
+	heldRemovals prometheus.Gauge
+	removalHolds prometheus.Counter
 
 	mu            sync.Mutex
+	holding       bool
 	lastApplied   time.Time
 	oldestPending time.Time // zero when every received Delta was applied
 }
@@ -120,8 +123,17 @@ func New(reg prometheus.Registerer, opts Options) (*Agent, error) {
 			Namespace: "kubeproxy", Name: "proxy_livez_total",
 			Help: "/livez responses by HTTP code.",
 		}, []string{"code"}),
+		heldRemovals: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vsplane_agent_held_removals",
+			Help: "Services a held first Delta would remove (0: nothing held). The agent holds a first Delta after (re)connect that removes more than --max-removal-share of its Services until the control plane confirms it.",
+		}),
+		removalHolds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vsplane_agent_removal_holds_total",
+			Help: "Times the agent started holding a first Delta that would remove most of its Services.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.syncDuration, m.lastQueued, m.kernelOps, m.applies, m.healthz, m.livez, statsCollector{m}} {
+	for _, c := range []prometheus.Collector{m.syncDuration, m.lastQueued, m.kernelOps, m.applies, m.healthz, m.livez,
+		m.heldRemovals, m.removalHolds, statsCollector{m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: registering: %w", err)
 		}
@@ -181,6 +193,17 @@ func (m *Agent) Applied(ack *vsplanev1.Ack, measured time.Duration) {
 	m.lastApplied = m.opts.Now()
 	m.oldestPending = time.Time{}
 	m.mu.Unlock()
+}
+
+// RemovalHeld records the mass-removal guard's state (nil: nothing held).
+func (m *Agent) RemovalHeld(h *vsplanev1.HeldRemoval) {
+	m.heldRemovals.Set(float64(h.GetRemovals()))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h != nil && !m.holding {
+		m.removalHolds.Inc()
+	}
+	m.holding = h != nil
 }
 
 // statsCollector reads the reconciler's Stats and the last sync at scrape time.

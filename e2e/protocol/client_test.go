@@ -86,9 +86,13 @@ type cp struct {
 }
 
 func startCP(t *testing.T, src *streamtest.Source, addr string) *cp {
+	return startCPOpts(t, src, addr, stream.Options{})
+}
+
+func startCPOpts(t *testing.T, src *streamtest.Source, addr string, opts stream.Options) *cp {
 	t.Helper()
 	c := &cp{t: t, src: src, connects: make(chan stream.ConnectEvent, 100)}
-	c.srv = stream.NewServer(src, stream.Options{Logger: zaptest.NewLogger(t),
+	c.srv = stream.NewServer(src, stream.Options{Logger: zaptest.NewLogger(t), Ready: opts.Ready,
 		Hooks: stream.Hooks{OnConnect: func(ev stream.ConnectEvent) {
 			select { // hooks must never block
 			case c.connects <- ev:
@@ -163,7 +167,7 @@ func TestClientAppliesAndReconnectsAfterServerRestart(t *testing.T) {
 	c1 := startCP(t, src, "127.0.0.1:0")
 	app := newMemApplier()
 	runClient(t, client.Config{
-		Target: c1.addr, NodeName: "n1", AgentVersion: "v-test", Applier: app,
+		Targets: []string{c1.addr}, NodeName: "n1", AgentVersion: "v-test", Applier: app,
 		Capabilities: func() *vsplanev1.Capabilities { return &vsplanev1.Capabilities{Ipv6: true} },
 		BackoffBase:  20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 	})
@@ -209,7 +213,7 @@ func TestClientNackIsNotResent(t *testing.T) {
 	c := startCP(t, src, "127.0.0.1:0")
 	app := newMemApplier()
 	app.fail["service/default/bad"] = true
-	runClient(t, client.Config{Target: c.addr, NodeName: "n1", Applier: app})
+	runClient(t, client.Config{Targets: []string{c.addr}, NodeName: "n1", Applier: app})
 	app.next(t)
 	waitFor(t, func() bool {
 		info, ok := c.srv.Registry().Agent("n1")
@@ -226,9 +230,9 @@ func TestClientConfigValidation(t *testing.T) {
 	app := newMemApplier()
 	for _, cfg := range []client.Config{
 		{NodeName: "n", Applier: app},
-		{Target: "x:1", Applier: app},
-		{Target: "x:1", NodeName: "n"},
-		{Target: "x:1", NodeName: "n", Applier: app, BackoffBase: time.Second, BackoffMax: time.Millisecond},
+		{Targets: []string{"x:1"}, Applier: app},
+		{Targets: []string{"x:1"}, NodeName: "n"},
+		{Targets: []string{"x:1"}, NodeName: "n", Applier: app, BackoffBase: time.Second, BackoffMax: time.Millisecond},
 	} {
 		if _, err := client.New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded, want error", cfg)
@@ -252,13 +256,15 @@ func waitFor(t *testing.T, cond func() bool) {
 // reconnect carries all those versions (server receive limit).
 func TestClientReceivesDeltaLargerThanGRPCDefault(t *testing.T) {
 	src := streamtest.New()
-	long := strings.Repeat("v", 4096)
+	long := strings.Repeat("v", 8192)
 	for i := range 2000 {
-		src.Set("n1", fmt.Sprintf("service/default/s%04d", i), fmt.Sprintf("%s%d", long, i), time.Time{})
+		name := fmt.Sprintf("service/default/s%04d", i)
+		src.SetResource("n1", &vsplanev1.Resource{Name: name, Version: fmt.Sprintf("v%d", i),
+			Body: &vsplanev1.Resource_NodeSettings{NodeSettings: &vsplanev1.NodeSettings{DefaultScheduler: long}}}, time.Time{})
 	}
 	c := startCP(t, src, "127.0.0.1:0")
 	app := newMemApplier()
-	runClient(t, client.Config{Target: c.addr, NodeName: "n1", Applier: app,
+	runClient(t, client.Config{Targets: []string{c.addr}, NodeName: "n1", Applier: app,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	c.connect(t)
 	if d := app.next(t); len(d.GetResources()) != 2000 {
@@ -284,7 +290,7 @@ func TestClientSendsStatusNowAndAfterReconnect(t *testing.T) {
 	src.Set("n1", "node/settings", "s1", time.Time{})
 	c := startCP(t, src, "127.0.0.1:0")
 	app := newMemApplier()
-	cl := runClient(t, client.Config{Target: c.addr, NodeName: "n1", Applier: app,
+	cl := runClient(t, client.Config{Targets: []string{c.addr}, NodeName: "n1", Applier: app,
 		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	c.connect(t)
 	waitFor(t, cl.Connected)
@@ -296,4 +302,94 @@ func TestClientSendsStatusNowAndAfterReconnect(t *testing.T) {
 	c2 := startCP(t, src, c.addr)
 	c2.connect(t)
 	waitFor(t, func() bool { return c2.srv.Registry().LastStatus("n1").GetDriftRepaired() == 7 })
+}
+
+// A replica that holds the stream (still computing its first full state)
+// is left after FirstDeltaTimeout for another one, which serves the agent.
+func TestClientLeavesAReplicaThatSendsNoFirstDelta(t *testing.T) {
+	src := streamtest.New()
+	src.Set("n1", "node/settings", "s1", time.Time{})
+	starting := startCPOpts(t, src, "127.0.0.1:0", stream.Options{Ready: make(chan struct{})}) // never ready
+	ready := startCP(t, src, "127.0.0.1:0")
+	app := newMemApplier()
+	var ends []error
+	var mu sync.Mutex
+	runClient(t, client.Config{Targets: []string{starting.addr, ready.addr}, NodeName: "n1", Applier: app,
+		FirstDeltaTimeout: 200 * time.Millisecond, BackoffBase: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		OnStreamEnd: func(err error) { mu.Lock(); ends = append(ends, err); mu.Unlock() }})
+	if d := app.next(t); len(d.GetResources()) != 1 {
+		t.Fatalf("delta %v", d)
+	}
+	if _, ok := ready.srv.Registry().Agent("n1"); !ok {
+		t.Fatal("the agent is not served by the ready replica")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The client starts at a random target: it either went to the ready
+	// one at once, or left the starting one with a clear reason.
+	for _, err := range ends {
+		if !strings.Contains(err.Error(), "no first Delta") {
+			t.Errorf("stream ended with %v", err)
+		}
+	}
+}
+
+// A first Delta removing most of the node's Services is held, reported
+// and not applied; the client asks again after the confirmation period and
+// applies only what the control plane then says.
+func TestClientHoldsMassRemovalUntilConfirmed(t *testing.T) {
+	for _, confirmed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("confirmed=%v", confirmed), func(t *testing.T) {
+			src := streamtest.New()
+			app := newMemApplier()
+			for i := range 10 {
+				name := fmt.Sprintf("service/default/s%d", i)
+				app.held[name] = "v1"
+				if i < 2 {
+					src.Set("n1", name, "v1", time.Time{})
+				}
+			}
+			c := startCP(t, src, "127.0.0.1:0")
+			held := make(chan *vsplanev1.HeldRemoval, 10)
+			runClient(t, client.Config{Targets: []string{c.addr}, NodeName: "n1", Applier: app,
+				RemovalConfirmation: 300 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+				OnRemovalHeld: func(h *vsplanev1.HeldRemoval) { held <- h }})
+			var h *vsplanev1.HeldRemoval
+			select {
+			case h = <-held:
+			case <-time.After(wait):
+				t.Fatal("no hold reported")
+			}
+			if h.GetRemovals() != 8 || h.GetHeldServices() != 10 {
+				t.Fatalf("hold %v, want 8 of 10", h)
+			}
+			if !confirmed {
+				// The control plane recovers meanwhile (a replica finished
+				// its initial sync): nothing is removed.
+				for i := 2; i < 10; i++ {
+					src.Set("n1", fmt.Sprintf("service/default/s%d", i), "v1", time.Time{})
+				}
+			}
+			d := app.next(t)
+			if confirmed && len(d.GetRemoved()) != 8 {
+				t.Fatalf("confirmed removal: delta removes %v, want 8", d.GetRemoved())
+			}
+			if !confirmed && len(d.GetRemoved()) != 0 {
+				t.Fatalf("unconfirmed removal applied: %v", d.GetRemoved())
+			}
+			select {
+			case h := <-held:
+				if h != nil {
+					t.Fatalf("hold not cleared: %v", h)
+				}
+			case <-time.After(wait):
+				t.Fatal("hold not reported cleared")
+			}
+			app.mu.Lock()
+			defer app.mu.Unlock()
+			if len(app.deltas) != 1 {
+				t.Fatalf("applier saw %d deltas, want 1 (the held one was never applied)", len(app.deltas))
+			}
+		})
+	}
 }

@@ -45,6 +45,11 @@ type Options struct {
 	// MaxRecvMsgSize bounds one received message; 0 means DefaultMaxRecvMsgSize.
 	// An agent's Hello carries one name/version pair per resource it holds.
 	MaxRecvMsgSize int
+	// StartNotServing makes the health service report NOT_SERVING (overall
+	// and per service) until SetServing(true): for servers that must finish
+	// some work before they can answer (a control-plane replica's first full
+	// computation).
+	StartNotServing bool
 	// ServerOptions are appended after the ones New builds.
 	ServerOptions []grpc.ServerOption
 }
@@ -72,7 +77,8 @@ const DefaultMaxRecvMsgSize = 64 << 20
 type Server struct {
 	*grpc.Server
 	// Health is the standard health service; the overall status ("") and
-	// every registered service start SERVING. Callers may flip them.
+	// every registered service start SERVING (NOT_SERVING with
+	// Options.StartNotServing); SetServing flips them all.
 	Health *health.Server
 	// Metrics is nil when Options.Registerer was nil.
 	Metrics *grpcprom.ServerMetrics
@@ -155,14 +161,26 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	for name := range gs.GetServiceInfo() {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
-	}
+	srv := &Server{Server: gs, Health: hs, Metrics: metrics}
+	srv.SetServing(!opts.StartNotServing)
 	reflection.Register(gs)
 	if metrics != nil {
 		metrics.InitializeMetrics(gs)
 	}
-	return &Server{Server: gs, Health: hs, Metrics: metrics}, nil
+	return srv, nil
+}
+
+// SetServing sets the overall health status ("") and every registered
+// service's to SERVING or NOT_SERVING.
+func (s *Server) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.Health.SetServingStatus("", st)
+	for name := range s.Server.GetServiceInfo() {
+		s.Health.SetServingStatus(name, st)
+	}
 }
 
 // Stop marks the server NOT_SERVING, then stops gracefully, forcing after

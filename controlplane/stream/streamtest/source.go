@@ -71,18 +71,24 @@ func (s *Source) RemoveNode(node string) {
 // Set upserts name@version for node (making the node known) with trigger
 // time trigger (zero: none) and notifies subscribers.
 func (s *Source) Set(node, name, version string, trigger time.Time) {
+	s.SetResource(node, Resource(name, version), trigger)
+}
+
+// SetResource upserts res for node (making the node known) with trigger
+// time trigger and notifies subscribers.
+func (s *Source) SetResource(node string, res *vsplanev1.Resource, trigger time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.nodes[node] == nil {
 		s.nodes[node] = map[string]*vsplanev1.Resource{}
 	}
-	s.nodes[node][name] = Resource(name, version)
+	s.nodes[node][res.GetName()] = res
 	if s.triggers[node] == nil {
 		s.triggers[node] = map[string]time.Time{}
 	}
-	s.triggers[node][name] = trigger
+	s.triggers[node][res.GetName()] = trigger
 	s.sysVer[node]++
-	s.notify(node, name)
+	s.notify(node, res.GetName())
 }
 
 // Delete removes name from node and notifies subscribers.
@@ -134,7 +140,7 @@ func (s *Source) Pending(node string) int {
 	return n
 }
 
-// Lookups counts List and SystemVersion calls for node, so tests can wait
+// Lookups counts List and Lookup calls for node, so tests can wait
 // until a stream has looked at the node's state.
 func (s *Source) Lookups(node string) int {
 	s.mu.Lock()
@@ -159,12 +165,30 @@ func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	return out, strconv.Itoa(s.sysVer[node]), true
 }
 
-// Get implements stream.Source.
+// Get returns one resource of node.
 func (s *Source) Get(node, name string) (*vsplanev1.Resource, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.nodes[node][name]
 	return r, ok
+}
+
+// Lookup implements stream.Source.
+func (s *Source) Lookup(node string, names []string) ([]*vsplanev1.Resource, string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lookups[node]++
+	m, ok := s.nodes[node]
+	if !ok {
+		return nil, "", false
+	}
+	var out []*vsplanev1.Resource
+	for _, n := range names {
+		if r, ok := m[n]; ok {
+			out = append(out, r)
+		}
+	}
+	return out, strconv.Itoa(s.sysVer[node]), true
 }
 
 // TriggerTime implements stream.Source.
@@ -220,21 +244,4 @@ func (b *sub) Close() {
 	b.src.mu.Lock()
 	defer b.src.mu.Unlock()
 	b.src.subs[b.node] = slices.DeleteFunc(b.src.subs[b.node], func(x *sub) bool { return x == b })
-}
-
-// Versioned is a Source that also implements stream.SystemVersioner, so the
-// stream server takes its incremental (Get per changed name) path.
-type Versioned struct{ *Source }
-
-var _ stream.SystemVersioner = Versioned{}
-
-// SystemVersion implements stream.SystemVersioner.
-func (v Versioned) SystemVersion(node string) (string, bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.lookups[node]++
-	if _, ok := v.nodes[node]; !ok {
-		return "", false
-	}
-	return strconv.Itoa(v.sysVer[node]), true
 }

@@ -30,7 +30,10 @@ func main() {
 
 func run() error {
 	var (
-		controlPlane = flag.String("controlplane", "", "control plane gRPC address (host:port)")
+		controlPlane = flag.String("controlplane", "", "control-plane replicas' gRPC addresses (host:port, comma-separated); every reconnect tries another one")
+		firstDelta   = flag.Duration("first-delta-timeout", 30*time.Second, "try another control-plane replica when one sends no first Delta within this time (it is still computing its first full state)")
+		removalShare = flag.Float64("max-removal-share", 0.5, "hold a first Delta after (re)connect that would remove more than this share of the node's Services until the control plane confirms it (1 disables)")
+		removalWait  = flag.Duration("removal-confirmation", 30*time.Second, "how long such a Delta is held before the agent asks the control plane again and applies it if it still says the same")
 		nodeName     = flag.String("node-name", os.Getenv("NODE_NAME"), "this node's Kubernetes Node name (default $NODE_NAME)")
 		period       = flag.Duration("reconcile-period", 30*time.Second, "period of the full reconcile against the kernel")
 		ipv6         = flag.Bool("ipv6", false, "also manage IPv6 (ip6tables, KUBE-6- sets)")
@@ -59,6 +62,10 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *removalShare <= 0 || *firstDelta <= 0 || *removalWait <= 0 {
+		return fmt.Errorf("--max-removal-share, --first-delta-timeout and --removal-confirmation must be > 0, got %v, %v and %v",
+			*removalShare, *firstDelta, *removalWait)
+	}
 	if *drainCheck <= 0 || *maxDrain <= 0 {
 		return fmt.Errorf("--drain-check-interval and --max-drain must be > 0, got %v and %v", *drainCheck, *maxDrain)
 	}
@@ -72,6 +79,9 @@ func run() error {
 		Reconcile: reconcile.Config{Period: *period, Families: families,
 			DrainCheckInterval: *drainCheck, MaxDrain: *maxDrain},
 		BackoffMax:           *backoffMax,
+		FirstDeltaTimeout:    *firstDelta,
+		MaxRemovalShare:      *removalShare,
+		RemovalConfirmation:  *removalWait,
 		StateDir:             *stateDir,
 		Logger:               log,
 		HealthCheckNodePorts: *healthPorts,

@@ -632,7 +632,10 @@ type AgentStatus struct {
 	// heals without new content, and no Ack would ever say so; the control
 	// plane counts these versions as acknowledged. An entry stays until a
 	// Delta names the resource again.
-	Recovered     map[string]string `protobuf:"bytes,5,rep,name=recovered,proto3" json:"recovered,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Recovered map[string]string `protobuf:"bytes,5,rep,name=recovered,proto3" json:"recovered,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Set while the agent holds a first Delta that would remove most of the
+	// Services it holds (see HeldRemoval).
+	HeldRemoval   *HeldRemoval `protobuf:"bytes,6,opt,name=held_removal,json=heldRemoval,proto3" json:"held_removal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -702,6 +705,88 @@ func (x *AgentStatus) GetRecovered() map[string]string {
 	return nil
 }
 
+func (x *AgentStatus) GetHeldRemoval() *HeldRemoval {
+	if x != nil {
+		return x.HeldRemoval
+	}
+	return nil
+}
+
+// HeldRemoval is a first Delta after (re)connect that would remove more than
+// the agent's --max-removal-share of the Services it holds. The agent does
+// not apply it; it reconnects after --removal-confirmation and applies such
+// a Delta only if the control plane still sends one then.
+type HeldRemoval struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Services the Delta would remove, of held_services the agent holds.
+	Removals     uint32 `protobuf:"varint,1,opt,name=removals,proto3" json:"removals,omitempty"`
+	HeldServices uint32 `protobuf:"varint,2,opt,name=held_services,json=heldServices,proto3" json:"held_services,omitempty"`
+	// When the agent first held such a Delta.
+	Since *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	// The control plane address that sent it.
+	Target        string `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldRemoval) Reset() {
+	*x = HeldRemoval{}
+	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldRemoval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldRemoval) ProtoMessage() {}
+
+func (x *HeldRemoval) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldRemoval.ProtoReflect.Descriptor instead.
+func (*HeldRemoval) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *HeldRemoval) GetRemovals() uint32 {
+	if x != nil {
+		return x.Removals
+	}
+	return 0
+}
+
+func (x *HeldRemoval) GetHeldServices() uint32 {
+	if x != nil {
+		return x.HeldServices
+	}
+	return 0
+}
+
+func (x *HeldRemoval) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *HeldRemoval) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
 // DrainingRealServer is a real server at weight 0 kept while it has
 // connections.
 type DrainingRealServer struct {
@@ -718,7 +803,7 @@ type DrainingRealServer struct {
 
 func (x *DrainingRealServer) Reset() {
 	*x = DrainingRealServer{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +815,7 @@ func (x *DrainingRealServer) String() string {
 func (*DrainingRealServer) ProtoMessage() {}
 
 func (x *DrainingRealServer) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +828,7 @@ func (x *DrainingRealServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainingRealServer.ProtoReflect.Descriptor instead.
 func (*DrainingRealServer) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DrainingRealServer) GetVirtualServer() string {
@@ -839,16 +924,22 @@ const file_vsplane_v1_agent_proto_rawDesc = "" +
 	"\rResourceError\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xe5\x02\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xa1\x03\n" +
 	"\vAgentStatus\x12J\n" +
 	"\x13last_full_reconcile\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x11lastFullReconcile\x12%\n" +
 	"\x0edrift_repaired\x18\x02 \x01(\rR\rdriftRepaired\x12#\n" +
 	"\rkernel_errors\x18\x03 \x03(\tR\fkernelErrors\x12:\n" +
 	"\bdraining\x18\x04 \x03(\v2\x1e.vsplane.v1.DrainingRealServerR\bdraining\x12D\n" +
-	"\trecovered\x18\x05 \x03(\v2&.vsplane.v1.AgentStatus.RecoveredEntryR\trecovered\x1a<\n" +
+	"\trecovered\x18\x05 \x03(\v2&.vsplane.v1.AgentStatus.RecoveredEntryR\trecovered\x12:\n" +
+	"\fheld_removal\x18\x06 \x01(\v2\x17.vsplane.v1.HeldRemovalR\vheldRemoval\x1a<\n" +
 	"\x0eRecoveredEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfd\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
+	"\vHeldRemoval\x12\x1a\n" +
+	"\bremovals\x18\x01 \x01(\rR\bremovals\x12#\n" +
+	"\rheld_services\x18\x02 \x01(\rR\fheldServices\x120\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
+	"\x06target\x18\x04 \x01(\tR\x06target\"\xfd\x01\n" +
 	"\x12DrainingRealServer\x12%\n" +
 	"\x0evirtual_server\x18\x01 \x01(\tR\rvirtualServer\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
@@ -876,7 +967,7 @@ func file_vsplane_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vsplane_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_vsplane_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_vsplane_v1_agent_proto_goTypes = []any{
 	(AckStatus)(0),                // 0: vsplane.v1.AckStatus
 	(*ConnectRequest)(nil),        // 1: vsplane.v1.ConnectRequest
@@ -887,14 +978,15 @@ var file_vsplane_v1_agent_proto_goTypes = []any{
 	(*Ack)(nil),                   // 6: vsplane.v1.Ack
 	(*ResourceError)(nil),         // 7: vsplane.v1.ResourceError
 	(*AgentStatus)(nil),           // 8: vsplane.v1.AgentStatus
-	(*DrainingRealServer)(nil),    // 9: vsplane.v1.DrainingRealServer
-	nil,                           // 10: vsplane.v1.Hello.ResourceVersionsEntry
-	nil,                           // 11: vsplane.v1.Delta.TriggerTimesEntry
-	nil,                           // 12: vsplane.v1.Ack.KernelOperationsEntry
-	nil,                           // 13: vsplane.v1.AgentStatus.RecoveredEntry
-	(*Resource)(nil),              // 14: vsplane.v1.Resource
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*HeldRemoval)(nil),           // 9: vsplane.v1.HeldRemoval
+	(*DrainingRealServer)(nil),    // 10: vsplane.v1.DrainingRealServer
+	nil,                           // 11: vsplane.v1.Hello.ResourceVersionsEntry
+	nil,                           // 12: vsplane.v1.Delta.TriggerTimesEntry
+	nil,                           // 13: vsplane.v1.Ack.KernelOperationsEntry
+	nil,                           // 14: vsplane.v1.AgentStatus.RecoveredEntry
+	(*Resource)(nil),              // 15: vsplane.v1.Resource
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_vsplane_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: vsplane.v1.ConnectRequest.hello:type_name -> vsplane.v1.Hello
@@ -902,25 +994,27 @@ var file_vsplane_v1_agent_proto_depIdxs = []int32{
 	8,  // 2: vsplane.v1.ConnectRequest.status:type_name -> vsplane.v1.AgentStatus
 	5,  // 3: vsplane.v1.ConnectResponse.delta:type_name -> vsplane.v1.Delta
 	4,  // 4: vsplane.v1.Hello.capabilities:type_name -> vsplane.v1.Capabilities
-	10, // 5: vsplane.v1.Hello.resource_versions:type_name -> vsplane.v1.Hello.ResourceVersionsEntry
-	14, // 6: vsplane.v1.Delta.resources:type_name -> vsplane.v1.Resource
-	11, // 7: vsplane.v1.Delta.trigger_times:type_name -> vsplane.v1.Delta.TriggerTimesEntry
+	11, // 5: vsplane.v1.Hello.resource_versions:type_name -> vsplane.v1.Hello.ResourceVersionsEntry
+	15, // 6: vsplane.v1.Delta.resources:type_name -> vsplane.v1.Resource
+	12, // 7: vsplane.v1.Delta.trigger_times:type_name -> vsplane.v1.Delta.TriggerTimesEntry
 	0,  // 8: vsplane.v1.Ack.status:type_name -> vsplane.v1.AckStatus
 	7,  // 9: vsplane.v1.Ack.errors:type_name -> vsplane.v1.ResourceError
-	15, // 10: vsplane.v1.Ack.apply_duration:type_name -> google.protobuf.Duration
-	12, // 11: vsplane.v1.Ack.kernel_operations:type_name -> vsplane.v1.Ack.KernelOperationsEntry
-	16, // 12: vsplane.v1.AgentStatus.last_full_reconcile:type_name -> google.protobuf.Timestamp
-	9,  // 13: vsplane.v1.AgentStatus.draining:type_name -> vsplane.v1.DrainingRealServer
-	13, // 14: vsplane.v1.AgentStatus.recovered:type_name -> vsplane.v1.AgentStatus.RecoveredEntry
-	16, // 15: vsplane.v1.DrainingRealServer.since:type_name -> google.protobuf.Timestamp
-	16, // 16: vsplane.v1.Delta.TriggerTimesEntry.value:type_name -> google.protobuf.Timestamp
-	1,  // 17: vsplane.v1.AgentService.Connect:input_type -> vsplane.v1.ConnectRequest
-	2,  // 18: vsplane.v1.AgentService.Connect:output_type -> vsplane.v1.ConnectResponse
-	18, // [18:19] is the sub-list for method output_type
-	17, // [17:18] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	16, // 10: vsplane.v1.Ack.apply_duration:type_name -> google.protobuf.Duration
+	13, // 11: vsplane.v1.Ack.kernel_operations:type_name -> vsplane.v1.Ack.KernelOperationsEntry
+	17, // 12: vsplane.v1.AgentStatus.last_full_reconcile:type_name -> google.protobuf.Timestamp
+	10, // 13: vsplane.v1.AgentStatus.draining:type_name -> vsplane.v1.DrainingRealServer
+	14, // 14: vsplane.v1.AgentStatus.recovered:type_name -> vsplane.v1.AgentStatus.RecoveredEntry
+	9,  // 15: vsplane.v1.AgentStatus.held_removal:type_name -> vsplane.v1.HeldRemoval
+	17, // 16: vsplane.v1.HeldRemoval.since:type_name -> google.protobuf.Timestamp
+	17, // 17: vsplane.v1.DrainingRealServer.since:type_name -> google.protobuf.Timestamp
+	17, // 18: vsplane.v1.Delta.TriggerTimesEntry.value:type_name -> google.protobuf.Timestamp
+	1,  // 19: vsplane.v1.AgentService.Connect:input_type -> vsplane.v1.ConnectRequest
+	2,  // 20: vsplane.v1.AgentService.Connect:output_type -> vsplane.v1.ConnectResponse
+	20, // [20:21] is the sub-list for method output_type
+	19, // [19:20] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_agent_proto_init() }
@@ -943,7 +1037,7 @@ func file_vsplane_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_agent_proto_rawDesc), len(file_vsplane_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,185 @@
+package stream
+
+import (
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// maybeSend computes the next Delta and queues it for the sender if flow
+// control allows and there is something to send (or the first Delta is
+// still due). It never blocks: at most MaxInFlight Deltas are queued or in
+// gRPC, and the queue holds that many.
+func (ss *session) maybeSend() error {
+	if len(ss.inflight) >= ss.s.opts.MaxInFlight {
+		return nil // coalesce: dirty keeps growing until an Ack frees a slot
+	}
+	if !ss.needFull && len(ss.dirty) == 0 {
+		return nil
+	}
+	var upserts []*vsplanev1.Resource
+	var removed []string
+	var sysVersion string
+	if ss.needFull {
+		// First Delta, or the node (re)appeared: compare everything desired
+		// with everything the agent holds.
+		res, sv, ok := ss.s.src.List(ss.node)
+		if !ok {
+			return ss.nodeUnknown()
+		}
+		ss.nodeKnown()
+		sysVersion = sv
+		set := make(map[string]struct{}, len(res)+len(ss.sent))
+		for _, r := range res {
+			set[r.GetName()] = struct{}{}
+		}
+		for n := range ss.sent {
+			set[n] = struct{}{}
+		}
+		for _, name := range slices.Sorted(maps.Keys(set)) {
+			i, found := sort.Find(len(res), func(i int) int { return strings.Compare(name, res[i].GetName()) })
+			var r *vsplanev1.Resource
+			if found {
+				r = res[i]
+			}
+			upserts, removed = ss.decide(name, r, found, upserts, removed)
+		}
+	} else {
+		// Incremental: O(changed names), one consistent read.
+		names := slices.Sorted(maps.Keys(ss.dirty))
+		found, sv, ok := ss.s.src.Lookup(ss.node, names)
+		if !ok {
+			return ss.nodeUnknown()
+		}
+		sysVersion = sv
+		byName := make(map[string]*vsplanev1.Resource, len(found))
+		for _, r := range found {
+			byName[r.GetName()] = r
+		}
+		for _, name := range names {
+			r, ok := byName[name]
+			upserts, removed = ss.decide(name, r, ok, upserts, removed)
+		}
+	}
+	clear(ss.dirty)
+	ss.needFull = false
+	if len(upserts) == 0 && len(removed) == 0 && ss.firstSent {
+		return nil
+	}
+	ss.queue(upserts, removed, sysVersion)
+	return nil
+}
+
+// nodeUnknown handles a node absent from the Source: nothing is sent or
+// removed (fail-static); the next appearance gets a full diff. A stream
+// waits for its node at most UnknownNodeTimeout, and at most
+// MaxUnknownNodeStreams streams wait at once.
+func (ss *session) nodeUnknown() error {
+	if ss.known {
+		ss.log.Warn("node disappeared from the desired state; keeping the agent's state")
+	} else if ss.unknownSince.IsZero() {
+		ss.log.Info("node not in the desired state (no Node object); waiting for it to appear",
+			zap.Duration("timeout", ss.s.opts.UnknownNodeTimeout))
+	}
+	ss.known = false
+	ss.needFull = true
+	clear(ss.dirty)
+	if ss.unknownSince.IsZero() {
+		ss.unknownSince = time.Now()
+		if n := ss.s.unknown.Add(1); n > int64(ss.s.opts.MaxUnknownNodeStreams) {
+			return closeErr(ReasonTooManyUnknown, codes.ResourceExhausted,
+				"node %q is not in the cluster and %d streams already wait for unknown nodes", ss.node, n-1)
+		}
+	}
+	return nil
+}
+
+// nodeKnown ends the unknown-node wait, if any.
+func (ss *session) nodeKnown() {
+	if !ss.known && ss.firstSent {
+		ss.log.Info("node reappeared in the desired state; sending a full diff")
+	}
+	ss.known = true
+	ss.leaveUnknown()
+}
+
+func (ss *session) leaveUnknown() {
+	if !ss.unknownSince.IsZero() {
+		ss.unknownSince = time.Time{}
+		ss.s.unknown.Add(-1)
+	}
+}
+
+// decide appends name to upserts or removed if the agent needs it: desired
+// (found) with a version other than the one sent and not a NACKed one, or
+// not desired but held by the agent.
+func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
+	upserts []*vsplanev1.Resource, removed []string) ([]*vsplanev1.Resource, []string) {
+	if found {
+		if v, ok := ss.sent[name]; ok && v == r.GetVersion() {
+			return upserts, removed
+		}
+		if v, ok := ss.nacked[name]; ok && v == r.GetVersion() {
+			return upserts, removed
+		}
+		return append(upserts, r), removed
+	}
+	if _, held := ss.sent[name]; held {
+		removed = append(removed, name)
+	}
+	return upserts, removed
+}
+
+// queue records a Delta as in flight and hands it to the sender goroutine.
+func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVersion string) {
+	ss.nonce++
+	d := &inflightDelta{
+		nonce:    strconv.FormatUint(ss.nonce, 10),
+		upserts:  make(map[string]string, len(upserts)),
+		removed:  removed,
+		triggers: map[string]time.Time{},
+	}
+	delta := &vsplanev1.Delta{
+		Nonce:         d.nonce,
+		SystemVersion: sysVersion,
+		Resources:     upserts, // shared, immutable resources: never modified here
+		Removed:       removed,
+	}
+	for _, r := range upserts {
+		d.upserts[r.GetName()] = r.GetVersion()
+		if t := ss.s.src.TriggerTime(ss.node, r.GetName()); !t.IsZero() {
+			d.triggers[r.GetName()] = t
+			if delta.TriggerTimes == nil {
+				delta.TriggerTimes = map[string]*timestamppb.Timestamp{}
+			}
+			delta.TriggerTimes[r.GetName()] = timestamppb.New(t)
+		}
+	}
+	d.sentAt = time.Now()
+	// Never blocks: the queue's capacity is MaxInFlight and every queued
+	// Delta is in flight.
+	ss.sendq <- &vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_Delta{Delta: delta}}
+	for name, v := range d.upserts {
+		ss.sent[name] = v
+	}
+	for _, name := range removed {
+		delete(ss.sent, name)
+		delete(ss.nacked, name)
+	}
+	ss.inflight = append(ss.inflight, d)
+	ss.firstSent = true
+	ss.log.Debug("sent delta", zap.String("nonce", d.nonce), zap.Int("resources", len(upserts)),
+		zap.Int("removed", len(removed)))
+	if h := ss.s.hooks.OnDeltaSent; h != nil {
+		h(ss.node, delta)
+	}
+}
