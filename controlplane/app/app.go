@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,11 +20,13 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/engine"
 	"github.com/vsplane/vsplane/controlplane/inspect"
 	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
+	"github.com/vsplane/vsplane/controlplane/peers"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
@@ -50,7 +53,22 @@ type Config struct {
 	// Engine tunes the engine (batch size, resync chunks); Translate and
 	// Metrics are set from this Config.
 	Engine engine.Config
-	Logger *zap.Logger
+	// Advertise is this replica's gRPC address as its peers reach it (the
+	// fleet-wide view excludes it from the peers); Peers are the others,
+	// given statically, and/or PeerService ("namespace/name") whose
+	// EndpointSlices (port PeerPortName, default "grpc") list the replicas.
+	// Without either, inspection shows this replica's agents only.
+	Advertise    string
+	Peers        []string
+	PeerService  string
+	PeerPortName string
+	// PeerDialOptions are the credentials to reach peers (default: none,
+	// plaintext).
+	PeerDialOptions []grpc.DialOption
+	// MaxConnectionAge and MaxConnectionAgeGrace age out agent connections
+	// so agents spread over the replicas again (zero: never).
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+	Logger                                  *zap.Logger
 }
 
 // Replica is one running control-plane replica.
@@ -65,6 +83,8 @@ type Replica struct {
 	Registry *prometheus.Registry
 	Metrics  *cpmetrics.ControlPlane
 	feed     *inspect.Feed
+	// Peers are the other replicas (nil without Config.Peers/PeerService).
+	Peers *peers.Peers
 	// ready is closed after the first full computation was committed.
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -103,9 +123,27 @@ func New(cfg Config) (*Replica, error) {
 	sopts.Hooks = metrics.Hooks(feed.Hooks(cfg.Stream.Hooks))
 	streams := stream.NewServer(store, sopts)
 	metrics.Track(streams.Registry(), store)
-	insp := inspect.NewServer(inspect.Config{Agents: streams.Registry(), Snapshots: store, Problems: eng, Feed: feed})
+	icfg := inspect.Config{Agents: streams.Registry(), Snapshots: store, Problems: eng, Feed: feed}
+	var fleet *peers.Peers
+	if cfg.PeerService != "" && strings.Count(cfg.PeerService, "/") != 1 {
+		return nil, fmt.Errorf("controlplane: peer service %q: want namespace/name", cfg.PeerService)
+	}
+	if len(cfg.Peers) > 0 || cfg.PeerService != "" {
+		if cfg.Advertise == "" {
+			return nil, errors.New("controlplane: peers need this replica's advertised address")
+		}
+		dial := cfg.PeerDialOptions
+		if len(dial) == 0 {
+			dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		}
+		fleet = peers.New(cfg.Advertise, log.Named("peers"), dial...)
+		fleet.Set(cfg.Peers)
+		icfg.Peers = fleet
+	}
+	insp := inspect.NewServer(icfg)
 	// NOT_SERVING (readiness probe) until the first full computation.
-	gs, err := grpcserver.New(grpcserver.Options{Logger: log, Registerer: reg, StartNotServing: true},
+	gs, err := grpcserver.New(grpcserver.Options{Logger: log, Registerer: reg, StartNotServing: true,
+		MaxConnectionAge: cfg.MaxConnectionAge, MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace},
 		func(r grpc.ServiceRegistrar) {
 			vsplanev1.RegisterAgentServiceServer(r, streams)
 			vsplanev1.RegisterInspectServiceServer(r, insp)
@@ -124,6 +162,7 @@ func New(cfg Config) (*Replica, error) {
 		feed:     feed,
 		Metrics:  metrics,
 		ready:    ready,
+		Peers:    fleet,
 	}
 	if r.Watcher, err = watch.New(cfg.Kube, readySink{eng, r.markReady}, cfg.Watch, log.Named("watch")); err != nil {
 		return nil, fmt.Errorf("controlplane: watch: %w", err)
@@ -165,6 +204,16 @@ func (s readySink) Apply(ctx context.Context, ch *watch.Changes) error {
 func (r *Replica) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(r.Watcher.Run(ctx)) })
+	if r.Peers != nil {
+		defer r.Peers.Close()
+		if ns, name, ok := strings.Cut(r.cfg.PeerService, "/"); ok {
+			port := r.cfg.PeerPortName
+			if port == "" {
+				port = "grpc"
+			}
+			g.Go(func() error { return r.Peers.Watch(ctx, r.cfg.Kube, ns, name, port) })
+		}
+	}
 	g.Go(func() error {
 		if err := r.GRPC.Serve(r.cfg.GRPCListener); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("grpc serve: %w", err)

@@ -39,6 +39,8 @@ type Snapshots interface {
 	List(node string) (resources []*vsplanev1.Resource, systemVersion string, ok bool)
 	// Get returns one resource of a node.
 	Get(node, name string) (*vsplanev1.Resource, bool)
+	// Has reports whether node is known.
+	Has(node string) bool
 }
 
 // Problems returns the translation problems of a Service and its
@@ -58,6 +60,9 @@ type Config struct {
 	// WatchDeltas and per-resource NACK errors. If nil, WatchDeltas returns
 	// Unavailable.
 	Feed *Feed
+	// Peers, if set, makes ListAgents, GetNodeStatus and ExplainService
+	// answer for the agents of every replica (fleet.go).
+	Peers Peers
 }
 
 // Server implements vsplanev1.InspectServiceServer. It never changes state.
@@ -67,6 +72,7 @@ type Server struct {
 	snapshots Snapshots
 	problems  Problems
 	feed      *Feed
+	peers     Peers
 }
 
 var _ vsplanev1.InspectServiceServer = (*Server)(nil)
@@ -74,12 +80,24 @@ var _ vsplanev1.InspectServiceServer = (*Server)(nil)
 // NewServer returns an inspection server over cfg; cfg.Agents and
 // cfg.Snapshots must be non-nil.
 func NewServer(cfg Config) *Server {
-	return &Server{agents: cfg.Agents, snapshots: cfg.Snapshots, problems: cfg.Problems, feed: cfg.Feed}
+	return &Server{agents: cfg.Agents, snapshots: cfg.Snapshots, problems: cfg.Problems, feed: cfg.Feed, peers: cfg.Peers}
 }
 
-// ListAgents lists the agents connected to this replica.
-func (s *Server) ListAgents(context.Context, *vsplanev1.ListAgentsRequest) (*vsplanev1.ListAgentsResponse, error) {
-	return &vsplanev1.ListAgentsResponse{Agents: s.agents.ListAgents()}, nil
+// ListAgents lists the agents connected to any replica (this one only with
+// SCOPE_REPLICA).
+func (s *Server) ListAgents(ctx context.Context, req *vsplanev1.ListAgentsRequest) (*vsplanev1.ListAgentsResponse, error) {
+	local := s.localAgents(req.GetOmitVersions())
+	if !s.fleetWide(req.GetScope()) {
+		return &vsplanev1.ListAgentsResponse{Agents: local}, nil
+	}
+	answers, failed := fanOut(ctx, s.peers, func(ctx context.Context, c vsplanev1.InspectServiceClient) (*vsplanev1.ListAgentsResponse, error) {
+		return c.ListAgents(ctx, &vsplanev1.ListAgentsRequest{Scope: vsplanev1.Scope_SCOPE_REPLICA, OmitVersions: req.GetOmitVersions()})
+	})
+	lists := [][]*vsplanev1.AgentInfo{local}
+	for _, a := range answers {
+		lists = append(lists, a.GetAgents())
+	}
+	return &vsplanev1.ListAgentsResponse{Agents: mergeAgents(lists...), UnreachableReplicas: failed}, nil
 }
 
 // GetNodeSnapshot returns a node's current desired state.

@@ -36,26 +36,36 @@ func unknownNode(node string) error {
 	return status.Errorf(codes.NotFound, "node %q is not known to this control plane (no Node object, or not synced yet)", node)
 }
 
-// GetNodeStatus returns a connected node's stream state and last report.
-func (s *Server) GetNodeStatus(_ context.Context, req *vsplanev1.GetNodeStatusRequest) (*vsplanev1.GetNodeStatusResponse, error) {
+// GetNodeStatus returns a connected node's stream state and last report,
+// from whichever replica the agent is connected to.
+func (s *Server) GetNodeStatus(ctx context.Context, req *vsplanev1.GetNodeStatusRequest) (*vsplanev1.GetNodeStatusResponse, error) {
 	node := req.GetNodeName()
 	if err := checkNode(node); err != nil {
 		return nil, err
 	}
 	info, ok := s.agents.Agent(node)
-	if !ok {
-		if _, _, known := s.snapshots.List(node); known {
-			return nil, status.Errorf(codes.NotFound,
-				"no agent for node %q is connected to this control-plane replica (it may be connected to another one)", node)
+	if ok {
+		info.Replica = s.self()
+		return &vsplanev1.GetNodeStatusResponse{NodeName: node, Agent: info, Status: s.agents.LastStatus(node)}, nil
+	}
+	if s.fleetWide(req.GetScope()) {
+		if r := s.peerNodeStatus(ctx, node); r != nil {
+			return r, nil
 		}
+	}
+	if !s.snapshots.Has(node) {
 		return nil, unknownNode(node)
 	}
-	return &vsplanev1.GetNodeStatusResponse{NodeName: node, Agent: info, Status: s.agents.LastStatus(node)}, nil
+	if s.fleetWide(req.GetScope()) {
+		return nil, status.Errorf(codes.NotFound, "no agent for node %q is connected to any control-plane replica", node)
+	}
+	return nil, status.Errorf(codes.NotFound,
+		"no agent for node %q is connected to this control-plane replica (it may be connected to another one)", node)
 }
 
 // ExplainService shows what one Service gives one node and whether the
-// node's agent holds it.
-func (s *Server) ExplainService(_ context.Context, req *vsplanev1.ExplainServiceRequest) (*vsplanev1.ExplainServiceResponse, error) {
+// node's agent holds it (asking the replica it is connected to).
+func (s *Server) ExplainService(ctx context.Context, req *vsplanev1.ExplainServiceRequest) (*vsplanev1.ExplainServiceResponse, error) {
 	node, ns, name := req.GetNodeName(), req.GetNamespace(), req.GetName()
 	for _, c := range []struct{ field, v string }{{"node_name", node}, {"namespace", ns}, {"name", name}} {
 		if err := checkName(c.field, c.v); err != nil {
@@ -74,8 +84,7 @@ func (s *Server) ExplainService(_ context.Context, req *vsplanev1.ExplainService
 	rname := snapshot.ServiceName(ns, name)
 	res, ok := s.snapshots.Get(node, rname)
 	if !ok {
-		// List (a sorted copy) only on this path, to tell the two NotFounds apart.
-		if _, _, known := s.snapshots.List(node); !known {
+		if !s.snapshots.Has(node) {
 			return nil, unknownNode(node)
 		}
 		msg := fmt.Sprintf("Service %s/%s gives node %q nothing (no such Service, one without ClusterIP, or not translated yet)", ns, name, node)
@@ -94,8 +103,12 @@ func (s *Server) ExplainService(_ context.Context, req *vsplanev1.ExplainService
 	info, connected := s.agents.Agent(node)
 	if !connected {
 		resp.Acknowledgement = vsplanev1.AcknowledgementState_ACKNOWLEDGEMENT_STATE_NOT_CONNECTED
+		if s.fleetWide(req.GetScope()) {
+			s.peerAcknowledgement(ctx, req, resp)
+		}
 		return resp, nil
 	}
+	resp.Replica = s.self()
 	resp.AcknowledgedVersion = info.GetAcknowledgedVersions()[rname]
 	if resp.AcknowledgedVersion == res.GetVersion() {
 		resp.Acknowledgement = vsplanev1.AcknowledgementState_ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED

@@ -23,7 +23,6 @@ import (
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
-	"github.com/vsplane/vsplane/dataplane/reconcile"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -91,6 +90,13 @@ func (l *deltaLog) acksFor(node string) []stream.AckEvent {
 // with the test.
 func startKube(t *testing.T, nodes ...string) (kubernetes.Interface, context.Context) {
 	t.Helper()
+	_, kube, ctx := startKubeEnv(t, nodes...)
+	return kube, ctx
+}
+
+// startKubeEnv is startKube that also returns the env (for more clients).
+func startKubeEnv(t *testing.T, nodes ...string) (*kubeenv.Env, kubernetes.Interface, context.Context) {
+	t.Helper()
 	env := kubeenv.StartForTest(t)
 	kube, err := kubernetes.NewForConfig(env.RESTConfig())
 	if err != nil {
@@ -103,7 +109,7 @@ func startKube(t *testing.T, nodes ...string) (kubernetes.Interface, context.Con
 			t.Fatal(err)
 		}
 	}
-	return kube, ctx
+	return env, kube, ctx
 }
 
 // runReplica runs a control-plane replica in-process until the returned
@@ -160,22 +166,32 @@ type testAgent struct {
 func startAgent(t *testing.T, ctx context.Context, cp, node string, mem *memory.Kernel, stateDir string) *testAgent {
 	t.Helper()
 	k := mem.Kernel()
+	ta := startAgentCfg(t, ctx, agent.Config{ControlPlane: cp, NodeName: node, Kernel: &k, StateDir: stateDir})
+	ta.mem = mem
+	return ta
+}
+
+// startAgentCfg starts an agent with cfg; zero fields get test defaults
+// (no periodic reconcile, fast reconnects, a test logger).
+func startAgentCfg(t *testing.T, ctx context.Context, cfg agent.Config) *testAgent {
+	t.Helper()
+	if cfg.Reconcile.Period == 0 {
+		cfg.Reconcile.Period = time.Hour
+	}
+	if cfg.BackoffBase == 0 {
+		cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t).Named(cfg.NodeName)
+	}
 	actx, cancel := context.WithCancel(ctx)
-	a, err := agent.New(actx, agent.Config{
-		ControlPlane: cp,
-		NodeName:     node,
-		Kernel:       &k,
-		StateDir:     stateDir,
-		Reconcile:    reconcile.Config{Period: time.Hour},
-		BackoffBase:  20 * time.Millisecond,
-		BackoffMax:   200 * time.Millisecond,
-		Logger:       zaptest.NewLogger(t).Named(node),
-	})
+	a, err := agent.New(actx, cfg)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
-	ta := &testAgent{node: node, mem: mem, cancel: cancel, done: make(chan error, 1), agent: a}
+	node := cfg.NodeName
+	ta := &testAgent{node: node, cancel: cancel, done: make(chan error, 1), agent: a}
 	go func() { ta.done <- a.Run(actx) }()
 	return ta
 }

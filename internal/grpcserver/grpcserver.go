@@ -45,6 +45,14 @@ type Options struct {
 	// MaxRecvMsgSize bounds one received message; 0 means DefaultMaxRecvMsgSize.
 	// An agent's Hello carries one name/version pair per resource it holds.
 	MaxRecvMsgSize int
+	// MaxConcurrentStreams bounds the streams of one connection; 0 means
+	// DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// MaxConnectionAge, if set, ends each connection after about this long
+	// (gRPC adds ±10% jitter), after MaxConnectionAgeGrace for open streams:
+	// agents then reconnect, to any replica, so they spread again after a
+	// rollout.
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
 	// StartNotServing makes the health service report NOT_SERVING (overall
 	// and per service) until SetServing(true): for servers that must finish
 	// some work before they can answer (a control-plane replica's first full
@@ -69,9 +77,16 @@ var DefaultKeepalivePolicy = keepalive.EnforcementPolicy{
 	PermitWithoutStream: true,
 }
 
-// DefaultMaxRecvMsgSize (64 MiB) fits a Hello from a node with ~500k
-// resources; gRPC's own default (4 MiB) would reject ~50k.
+// DefaultMaxRecvMsgSize (64 MiB) is sized to the largest legitimate message,
+// an agent's Hello: one name/version pair per resource it holds, at most
+// ~380 bytes each (a 325-byte name, a 32-byte version, framing), so 64 MiB
+// fits ~175k Services on one node, beyond Kubernetes' tested 10k Services
+// per cluster; gRPC's own default (4 MiB) would reject ~11k.
 const DefaultMaxRecvMsgSize = 64 << 20
+
+// DefaultMaxConcurrentStreams bounds the streams of one connection: an
+// agent opens one, grpcurl one per call.
+const DefaultMaxConcurrentStreams = 64
 
 // Server is a configured grpc.Server plus the pieces callers may need later.
 type Server struct {
@@ -96,6 +111,14 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 	kp := DefaultKeepalive
 	if opts.Keepalive != nil {
 		kp = *opts.Keepalive
+	}
+	if opts.MaxConnectionAge > 0 {
+		kp.MaxConnectionAge = opts.MaxConnectionAge
+		kp.MaxConnectionAgeGrace = opts.MaxConnectionAgeGrace
+	}
+	maxStreams := opts.MaxConcurrentStreams
+	if maxStreams == 0 {
+		maxStreams = DefaultMaxConcurrentStreams
 	}
 	kep := DefaultKeepalivePolicy
 	if opts.KeepalivePolicy != nil {
@@ -145,6 +168,7 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 	}
 	so := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRecv),
+		grpc.MaxConcurrentStreams(maxStreams),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(streams...),
 		grpc.KeepaliveParams(kp),

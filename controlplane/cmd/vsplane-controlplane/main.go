@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vsplane/vsplane/controlplane/app"
+	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/internal/wire"
@@ -52,6 +53,14 @@ func run() error {
 		npAddrs       = flag.String("nodeport-addresses", "", "comma-separated CIDRs selecting NodePort addresses (empty: all)")
 		agentPeriod   = flag.Duration("agent-reconcile-period", 0, "agents' full-reconcile period; 0 keeps each agent's flag")
 		qps           = flag.Float64("kube-api-qps", 50, "API server client QPS")
+		advertise     = flag.String("advertise-address", "", "this replica's gRPC address as the other replicas reach it (default: $POD_IP and the --listen port)")
+		peerList      = flag.String("peers", "", "comma-separated gRPC addresses of the other replicas (static; see --peer-service)")
+		peerService   = flag.String("peer-service", "", "namespace/name of a Service whose EndpointSlices (port \"grpc\") list the replicas, for the fleet-wide inspection view")
+		connAge       = flag.Duration("max-connection-age", 30*time.Minute, "agent connections end after about this long (±10%), so agents spread over the replicas again after a rollout; 0 disables")
+		connAgeGrace  = flag.Duration("max-connection-age-grace", 30*time.Second, "time an aged-out connection's stream gets before it is closed")
+		ackTimeout    = flag.Duration("ack-timeout", stream.DefaultAckTimeout, "close an agent stream whose Delta stays unacknowledged this long")
+		unknownWait   = flag.Duration("unknown-node-timeout", stream.DefaultUnknownNodeTimeout, "close the stream of an agent whose node is not in the cluster after this long")
+		unknownMax    = flag.Int("max-unknown-node-streams", stream.DefaultMaxUnknownNodeStreams, "at most this many streams may wait for nodes that are not in the cluster")
 		debug         = flag.Bool("debug", false, "debug logging")
 	)
 	flag.Parse()
@@ -114,11 +123,26 @@ func run() error {
 		Watch:        watch.Options{MinInterval: *minSync, MaxInterval: *maxSync},
 		Translate:    tcfg,
 		Logger:       log,
+		Stream: stream.Options{AckTimeout: *ackTimeout, UnknownNodeTimeout: *unknownWait,
+			MaxUnknownNodeStreams: *unknownMax},
+		MaxConnectionAge:      *connAge,
+		MaxConnectionAgeGrace: *connAgeGrace,
 	}
 	if *metricsAddr != "" {
 		if cfg.MetricsListener, err = net.Listen("tcp", *metricsAddr); err != nil {
 			return fmt.Errorf("listen %s: %w", *metricsAddr, err)
 		}
+	}
+	cfg.PeerService = *peerService
+	for _, p := range strings.Split(*peerList, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.Peers = append(cfg.Peers, p)
+		}
+	}
+	cfg.Advertise = *advertise
+	if cfg.Advertise == "" && os.Getenv("POD_IP") != "" {
+		_, port, _ := net.SplitHostPort(grpcLn.Addr().String())
+		cfg.Advertise = net.JoinHostPort(os.Getenv("POD_IP"), port)
 	}
 	replica, err := app.New(cfg)
 	if err != nil {

@@ -173,6 +173,14 @@ func (s *Source) Get(node, name string) (*vsplanev1.Resource, bool) {
 	return r, ok
 }
 
+// Has reports whether node is known.
+func (s *Source) Has(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.nodes[node]
+	return ok
+}
+
 // Lookup implements stream.Source.
 func (s *Source) Lookup(node string, names []string) ([]*vsplanev1.Resource, string, bool) {
 	s.mu.Lock()

@@ -23,6 +23,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Scope says which replicas answer.
+type Scope int32
+
+const (
+	// Every replica of the control plane (the fleet-wide view).
+	Scope_SCOPE_UNSPECIFIED Scope = 0
+	// Only the replica asked (what replicas use among themselves).
+	Scope_SCOPE_REPLICA Scope = 1
+)
+
+// Enum value maps for Scope.
+var (
+	Scope_name = map[int32]string{
+		0: "SCOPE_UNSPECIFIED",
+		1: "SCOPE_REPLICA",
+	}
+	Scope_value = map[string]int32{
+		"SCOPE_UNSPECIFIED": 0,
+		"SCOPE_REPLICA":     1,
+	}
+)
+
+func (x Scope) Enum() *Scope {
+	p := new(Scope)
+	*p = x
+	return p
+}
+
+func (x Scope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Scope) Descriptor() protoreflect.EnumDescriptor {
+	return file_vsplane_v1_inspect_proto_enumTypes[0].Descriptor()
+}
+
+func (Scope) Type() protoreflect.EnumType {
+	return &file_vsplane_v1_inspect_proto_enumTypes[0]
+}
+
+func (x Scope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Scope.Descriptor instead.
+func (Scope) EnumDescriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{0}
+}
+
 // AcknowledgementState says whether the agent holds a resource's desired
 // version.
 type AcknowledgementState int32
@@ -35,7 +84,8 @@ const (
 	AcknowledgementState_ACKNOWLEDGEMENT_STATE_PENDING AcknowledgementState = 2
 	// The agent rejected the desired version; see nack_error.
 	AcknowledgementState_ACKNOWLEDGEMENT_STATE_NACKED AcknowledgementState = 3
-	// No agent for the node is connected to this replica.
+	// No agent for the node is connected to any replica (to this replica,
+	// with SCOPE_REPLICA).
 	AcknowledgementState_ACKNOWLEDGEMENT_STATE_NOT_CONNECTED AcknowledgementState = 4
 )
 
@@ -68,11 +118,11 @@ func (x AcknowledgementState) String() string {
 }
 
 func (AcknowledgementState) Descriptor() protoreflect.EnumDescriptor {
-	return file_vsplane_v1_inspect_proto_enumTypes[0].Descriptor()
+	return file_vsplane_v1_inspect_proto_enumTypes[1].Descriptor()
 }
 
 func (AcknowledgementState) Type() protoreflect.EnumType {
-	return &file_vsplane_v1_inspect_proto_enumTypes[0]
+	return &file_vsplane_v1_inspect_proto_enumTypes[1]
 }
 
 func (x AcknowledgementState) Number() protoreflect.EnumNumber {
@@ -81,12 +131,16 @@ func (x AcknowledgementState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use AcknowledgementState.Descriptor instead.
 func (AcknowledgementState) EnumDescriptor() ([]byte, []int) {
-	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{0}
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{1}
 }
 
-// ListAgentsRequest has no parameters.
+// ListAgentsRequest selects the replicas and how much to return.
 type ListAgentsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Scope Scope                  `protobuf:"varint,1,opt,name=scope,proto3,enum=vsplane.v1.Scope" json:"scope,omitempty"`
+	// Leave out acknowledged_versions (one entry per resource per agent), for
+	// a compact fleet summary.
+	OmitVersions  bool `protobuf:"varint,2,opt,name=omit_versions,json=omitVersions,proto3" json:"omit_versions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -121,12 +175,28 @@ func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
 	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *ListAgentsRequest) GetScope() Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return Scope_SCOPE_UNSPECIFIED
+}
+
+func (x *ListAgentsRequest) GetOmitVersions() bool {
+	if x != nil {
+		return x.OmitVersions
+	}
+	return false
+}
+
 // ListAgentsResponse lists agents, sorted by node name.
 type ListAgentsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Agents        []*AgentInfo           `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Agents []*AgentInfo           `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	// Peer replicas that did not answer (their agents are missing above).
+	UnreachableReplicas []string `protobuf:"bytes,2,rep,name=unreachable_replicas,json=unreachableReplicas,proto3" json:"unreachable_replicas,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ListAgentsResponse) Reset() {
@@ -166,6 +236,13 @@ func (x *ListAgentsResponse) GetAgents() []*AgentInfo {
 	return nil
 }
 
+func (x *ListAgentsResponse) GetUnreachableReplicas() []string {
+	if x != nil {
+		return x.UnreachableReplicas
+	}
+	return nil
+}
+
 // AgentInfo describes one connected agent.
 type AgentInfo struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -187,7 +264,9 @@ type AgentInfo struct {
 	LastKernelOperations map[string]uint32    `protobuf:"bytes,12,rep,name=last_kernel_operations,json=lastKernelOperations,proto3" json:"last_kernel_operations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Seconds behind: time since the earliest change trigger among the
 	// resources the agent has not acknowledged yet; zero when in sync.
-	Lag           *durationpb.Duration `protobuf:"bytes,13,opt,name=lag,proto3" json:"lag,omitempty"`
+	Lag *durationpb.Duration `protobuf:"bytes,13,opt,name=lag,proto3" json:"lag,omitempty"`
+	// The replica (its advertised gRPC address) the agent is connected to.
+	Replica       string `protobuf:"bytes,14,opt,name=replica,proto3" json:"replica,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -313,6 +392,13 @@ func (x *AgentInfo) GetLag() *durationpb.Duration {
 	return nil
 }
 
+func (x *AgentInfo) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
 // GetNodeSnapshotRequest names a node.
 type GetNodeSnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -424,6 +510,7 @@ func (x *GetNodeSnapshotResponse) GetResources() []*Resource {
 type GetNodeStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	Scope         Scope                  `protobuf:"varint,2,opt,name=scope,proto3,enum=vsplane.v1.Scope" json:"scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -463,6 +550,13 @@ func (x *GetNodeStatusRequest) GetNodeName() string {
 		return x.NodeName
 	}
 	return ""
+}
+
+func (x *GetNodeStatusRequest) GetScope() Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return Scope_SCOPE_UNSPECIFIED
 }
 
 // GetNodeStatusResponse is a connected node's stream state and last report.
@@ -533,6 +627,7 @@ type ExplainServiceRequest struct {
 	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	Namespace     string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Scope         Scope                  `protobuf:"varint,4,opt,name=scope,proto3,enum=vsplane.v1.Scope" json:"scope,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -588,6 +683,13 @@ func (x *ExplainServiceRequest) GetName() string {
 	return ""
 }
 
+func (x *ExplainServiceRequest) GetScope() Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return Scope_SCOPE_UNSPECIFIED
+}
+
 // ExplainServiceResponse is what one Service gives one node and why.
 type ExplainServiceResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -605,7 +707,9 @@ type ExplainServiceResponse struct {
 	// The agent's error for the desired version when NACKED.
 	NackError string `protobuf:"bytes,8,opt,name=nack_error,json=nackError,proto3" json:"nack_error,omitempty"`
 	// Translation problems of the Service and its EndpointSlices.
-	Problems      []string `protobuf:"bytes,9,rep,name=problems,proto3" json:"problems,omitempty"`
+	Problems []string `protobuf:"bytes,9,rep,name=problems,proto3" json:"problems,omitempty"`
+	// The replica the node's agent is connected to ("" when not connected).
+	Replica       string `protobuf:"bytes,10,opt,name=replica,proto3" json:"replica,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -701,6 +805,13 @@ func (x *ExplainServiceResponse) GetProblems() []string {
 		return x.Problems
 	}
 	return nil
+}
+
+func (x *ExplainServiceResponse) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
 }
 
 // WatchDeltasRequest names a node.
@@ -823,10 +934,13 @@ var File_vsplane_v1_inspect_proto protoreflect.FileDescriptor
 const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\n" +
 	"\x18vsplane/v1/inspect.proto\x12\n" +
-	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"\x13\n" +
-	"\x11ListAgentsRequest\"C\n" +
+	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"a\n" +
+	"\x11ListAgentsRequest\x12'\n" +
+	"\x05scope\x18\x01 \x01(\x0e2\x11.vsplane.v1.ScopeR\x05scope\x12#\n" +
+	"\romit_versions\x18\x02 \x01(\bR\fomitVersions\"v\n" +
 	"\x12ListAgentsResponse\x12-\n" +
-	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\"\xdd\x06\n" +
+	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\x121\n" +
+	"\x14unreachable_replicas\x18\x02 \x03(\tR\x13unreachableReplicas\"\xf7\x06\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x12\n" +
@@ -841,7 +955,8 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\alastAck\x12I\n" +
 	"\x13last_apply_duration\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11lastApplyDuration\x12e\n" +
 	"\x16last_kernel_operations\x18\f \x03(\v2/.vsplane.v1.AgentInfo.LastKernelOperationsEntryR\x14lastKernelOperations\x12+\n" +
-	"\x03lag\x18\r \x01(\v2\x19.google.protobuf.DurationR\x03lag\x1aG\n" +
+	"\x03lag\x18\r \x01(\v2\x19.google.protobuf.DurationR\x03lag\x12\x18\n" +
+	"\areplica\x18\x0e \x01(\tR\areplica\x1aG\n" +
 	"\x19AcknowledgedVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
@@ -853,17 +968,19 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\x17GetNodeSnapshotResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12%\n" +
 	"\x0esystem_version\x18\x02 \x01(\tR\rsystemVersion\x122\n" +
-	"\tresources\x18\x03 \x03(\v2\x14.vsplane.v1.ResourceR\tresources\"3\n" +
+	"\tresources\x18\x03 \x03(\v2\x14.vsplane.v1.ResourceR\tresources\"\\\n" +
 	"\x14GetNodeStatusRequest\x12\x1b\n" +
-	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\x92\x01\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12'\n" +
+	"\x05scope\x18\x02 \x01(\x0e2\x11.vsplane.v1.ScopeR\x05scope\"\x92\x01\n" +
 	"\x15GetNodeStatusResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12+\n" +
 	"\x05agent\x18\x02 \x01(\v2\x15.vsplane.v1.AgentInfoR\x05agent\x12/\n" +
-	"\x06status\x18\x03 \x01(\v2\x17.vsplane.v1.AgentStatusR\x06status\"f\n" +
+	"\x06status\x18\x03 \x01(\v2\x17.vsplane.v1.AgentStatusR\x06status\"\x8f\x01\n" +
 	"\x15ExplainServiceRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"\xef\x02\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12'\n" +
+	"\x05scope\x18\x04 \x01(\x0e2\x11.vsplane.v1.ScopeR\x05scope\"\x89\x03\n" +
 	"\x16ExplainServiceResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -874,14 +991,19 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\x14acknowledged_version\x18\a \x01(\tR\x13acknowledgedVersion\x12\x1d\n" +
 	"\n" +
 	"nack_error\x18\b \x01(\tR\tnackError\x12\x1a\n" +
-	"\bproblems\x18\t \x03(\tR\bproblems\"1\n" +
+	"\bproblems\x18\t \x03(\tR\bproblems\x12\x18\n" +
+	"\areplica\x18\n" +
+	" \x01(\tR\areplica\"1\n" +
 	"\x12WatchDeltasRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\xb7\x01\n" +
 	"\x13WatchDeltasResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x123\n" +
 	"\asent_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12%\n" +
 	"\x0edropped_before\x18\x03 \x01(\x04R\rdroppedBefore\x12'\n" +
-	"\x05delta\x18\x04 \x01(\v2\x11.vsplane.v1.DeltaR\x05delta*\xd3\x01\n" +
+	"\x05delta\x18\x04 \x01(\v2\x11.vsplane.v1.DeltaR\x05delta*1\n" +
+	"\x05Scope\x12\x15\n" +
+	"\x11SCOPE_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rSCOPE_REPLICA\x10\x01*\xd3\x01\n" +
 	"\x14AcknowledgementState\x12%\n" +
 	"!ACKNOWLEDGEMENT_STATE_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED\x10\x01\x12!\n" +
@@ -908,62 +1030,66 @@ func file_vsplane_v1_inspect_proto_rawDescGZIP() []byte {
 	return file_vsplane_v1_inspect_proto_rawDescData
 }
 
-var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_vsplane_v1_inspect_proto_goTypes = []any{
-	(AcknowledgementState)(0),       // 0: vsplane.v1.AcknowledgementState
-	(*ListAgentsRequest)(nil),       // 1: vsplane.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),      // 2: vsplane.v1.ListAgentsResponse
-	(*AgentInfo)(nil),               // 3: vsplane.v1.AgentInfo
-	(*GetNodeSnapshotRequest)(nil),  // 4: vsplane.v1.GetNodeSnapshotRequest
-	(*GetNodeSnapshotResponse)(nil), // 5: vsplane.v1.GetNodeSnapshotResponse
-	(*GetNodeStatusRequest)(nil),    // 6: vsplane.v1.GetNodeStatusRequest
-	(*GetNodeStatusResponse)(nil),   // 7: vsplane.v1.GetNodeStatusResponse
-	(*ExplainServiceRequest)(nil),   // 8: vsplane.v1.ExplainServiceRequest
-	(*ExplainServiceResponse)(nil),  // 9: vsplane.v1.ExplainServiceResponse
-	(*WatchDeltasRequest)(nil),      // 10: vsplane.v1.WatchDeltasRequest
-	(*WatchDeltasResponse)(nil),     // 11: vsplane.v1.WatchDeltasResponse
-	nil,                             // 12: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	nil,                             // 13: vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
-	(*Capabilities)(nil),            // 15: vsplane.v1.Capabilities
-	(*durationpb.Duration)(nil),     // 16: google.protobuf.Duration
-	(*Resource)(nil),                // 17: vsplane.v1.Resource
-	(*AgentStatus)(nil),             // 18: vsplane.v1.AgentStatus
-	(*ServiceState)(nil),            // 19: vsplane.v1.ServiceState
-	(*Delta)(nil),                   // 20: vsplane.v1.Delta
+	(Scope)(0),                      // 0: vsplane.v1.Scope
+	(AcknowledgementState)(0),       // 1: vsplane.v1.AcknowledgementState
+	(*ListAgentsRequest)(nil),       // 2: vsplane.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),      // 3: vsplane.v1.ListAgentsResponse
+	(*AgentInfo)(nil),               // 4: vsplane.v1.AgentInfo
+	(*GetNodeSnapshotRequest)(nil),  // 5: vsplane.v1.GetNodeSnapshotRequest
+	(*GetNodeSnapshotResponse)(nil), // 6: vsplane.v1.GetNodeSnapshotResponse
+	(*GetNodeStatusRequest)(nil),    // 7: vsplane.v1.GetNodeStatusRequest
+	(*GetNodeStatusResponse)(nil),   // 8: vsplane.v1.GetNodeStatusResponse
+	(*ExplainServiceRequest)(nil),   // 9: vsplane.v1.ExplainServiceRequest
+	(*ExplainServiceResponse)(nil),  // 10: vsplane.v1.ExplainServiceResponse
+	(*WatchDeltasRequest)(nil),      // 11: vsplane.v1.WatchDeltasRequest
+	(*WatchDeltasResponse)(nil),     // 12: vsplane.v1.WatchDeltasResponse
+	nil,                             // 13: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
+	nil,                             // 14: vsplane.v1.AgentInfo.LastKernelOperationsEntry
+	(*timestamppb.Timestamp)(nil),   // 15: google.protobuf.Timestamp
+	(*Capabilities)(nil),            // 16: vsplane.v1.Capabilities
+	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
+	(*Resource)(nil),                // 18: vsplane.v1.Resource
+	(*AgentStatus)(nil),             // 19: vsplane.v1.AgentStatus
+	(*ServiceState)(nil),            // 20: vsplane.v1.ServiceState
+	(*Delta)(nil),                   // 21: vsplane.v1.Delta
 }
 var file_vsplane_v1_inspect_proto_depIdxs = []int32{
-	3,  // 0: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
-	14, // 1: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
-	15, // 2: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
-	12, // 3: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	14, // 4: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
-	16, // 5: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
-	13, // 6: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	16, // 7: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
-	17, // 8: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
-	3,  // 9: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
-	18, // 10: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
-	19, // 11: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
-	0,  // 12: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
-	14, // 13: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
-	20, // 14: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
-	1,  // 15: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
-	4,  // 16: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
-	6,  // 17: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
-	8,  // 18: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
-	10, // 19: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
-	2,  // 20: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
-	5,  // 21: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
-	7,  // 22: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
-	9,  // 23: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
-	11, // 24: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	0,  // 0: vsplane.v1.ListAgentsRequest.scope:type_name -> vsplane.v1.Scope
+	4,  // 1: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
+	15, // 2: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
+	16, // 3: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
+	13, // 4: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
+	15, // 5: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
+	17, // 6: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
+	14, // 7: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
+	17, // 8: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
+	18, // 9: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
+	0,  // 10: vsplane.v1.GetNodeStatusRequest.scope:type_name -> vsplane.v1.Scope
+	4,  // 11: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
+	19, // 12: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
+	0,  // 13: vsplane.v1.ExplainServiceRequest.scope:type_name -> vsplane.v1.Scope
+	20, // 14: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
+	1,  // 15: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
+	15, // 16: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
+	21, // 17: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
+	2,  // 18: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
+	5,  // 19: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
+	7,  // 20: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
+	9,  // 21: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
+	11, // 22: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
+	3,  // 23: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
+	6,  // 24: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
+	8,  // 25: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
+	10, // 26: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
+	12, // 27: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_inspect_proto_init() }
@@ -978,7 +1104,7 @@ func file_vsplane_v1_inspect_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_inspect_proto_rawDesc), len(file_vsplane_v1_inspect_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -32,8 +32,15 @@ const (
 //
 // InspectService is the read-only view of the control plane, meant for
 // grpcurl. Nothing here changes state.
+//
+// Any replica answers for the whole fleet: ListAgents, GetNodeStatus and
+// ExplainService also ask the other replicas (found through the control
+// plane's peer Service) for the agents connected to them, unless the request
+// says SCOPE_REPLICA. Every replica computes the same desired state, so only
+// the agents' reports are fetched from peers.
 type InspectServiceClient interface {
-	// ListAgents lists the agents connected to this replica.
+	// ListAgents lists the agents connected to any replica (to this one only
+	// with SCOPE_REPLICA).
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	// GetNodeSnapshot returns a node's current desired state.
 	GetNodeSnapshot(ctx context.Context, in *GetNodeSnapshotRequest, opts ...grpc.CallOption) (*GetNodeSnapshotResponse, error)
@@ -45,7 +52,8 @@ type InspectServiceClient interface {
 	// real servers and why each was chosen), whether the agent acknowledged it,
 	// and the Service's translation problems.
 	ExplainService(ctx context.Context, in *ExplainServiceRequest, opts ...grpc.CallOption) (*ExplainServiceResponse, error)
-	// WatchDeltas streams every Delta this replica sends to a node from now on.
+	// WatchDeltas streams every Delta this replica sends to a node from now on
+	// (per replica: ask the replica GetNodeStatus names).
 	// A watcher that reads too slowly loses messages instead of slowing the
 	// agent's stream; the next message it gets counts what it lost.
 	WatchDeltas(ctx context.Context, in *WatchDeltasRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeltasResponse], error)
@@ -124,8 +132,15 @@ type InspectService_WatchDeltasClient = grpc.ServerStreamingClient[WatchDeltasRe
 //
 // InspectService is the read-only view of the control plane, meant for
 // grpcurl. Nothing here changes state.
+//
+// Any replica answers for the whole fleet: ListAgents, GetNodeStatus and
+// ExplainService also ask the other replicas (found through the control
+// plane's peer Service) for the agents connected to them, unless the request
+// says SCOPE_REPLICA. Every replica computes the same desired state, so only
+// the agents' reports are fetched from peers.
 type InspectServiceServer interface {
-	// ListAgents lists the agents connected to this replica.
+	// ListAgents lists the agents connected to any replica (to this one only
+	// with SCOPE_REPLICA).
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	// GetNodeSnapshot returns a node's current desired state.
 	GetNodeSnapshot(context.Context, *GetNodeSnapshotRequest) (*GetNodeSnapshotResponse, error)
@@ -137,7 +152,8 @@ type InspectServiceServer interface {
 	// real servers and why each was chosen), whether the agent acknowledged it,
 	// and the Service's translation problems.
 	ExplainService(context.Context, *ExplainServiceRequest) (*ExplainServiceResponse, error)
-	// WatchDeltas streams every Delta this replica sends to a node from now on.
+	// WatchDeltas streams every Delta this replica sends to a node from now on
+	// (per replica: ask the replica GetNodeStatus names).
 	// A watcher that reads too slowly loses messages instead of slowing the
 	// agent's stream; the next message it gets counts what it lost.
 	WatchDeltas(*WatchDeltasRequest, grpc.ServerStreamingServer[WatchDeltasResponse]) error
