@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -74,9 +75,16 @@ type Env struct {
 	cfg      *rest.Config
 	log      *zap.Logger
 	keepDir  bool
-	procs    []*proc // in start order; stopped in reverse
 	stopOnce sync.Once
 	stopErr  error
+
+	mu      sync.Mutex
+	procs   []*proc // in start order; stopped in reverse
+	api     *proc   // the running kube-apiserver (nil while stopped)
+	apiBin  string
+	apiArgs []string
+	hc      *http.Client
+	starts  int // kube-apiserver starts (log file names)
 }
 
 type proc struct {
@@ -97,10 +105,13 @@ func (e *Env) RESTConfig() *rest.Config { return rest.CopyConfig(e.cfg) }
 func (e *Env) Stop() error {
 	e.stopOnce.Do(func() {
 		var errs []error
-		for i := len(e.procs) - 1; i >= 0; i-- {
+		e.mu.Lock()
+		procs := slices.Clone(e.procs)
+		e.mu.Unlock()
+		for i := len(procs) - 1; i >= 0; i-- {
 			t := time.Now()
-			killed := e.procs[i].stop()
-			e.log.Debug("stopped", zap.String("name", e.procs[i].name),
+			killed := procs[i].stop()
+			e.log.Debug("stopped", zap.String("name", procs[i].name),
 				zap.Duration("took", time.Since(t)), zap.Bool("killed", killed))
 		}
 		if !e.keepDir {
@@ -224,16 +235,13 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 		"--profiling=false",
 	}
 	args = append(args, opts.ExtraAPIServerFlags...)
-	api, err := e.spawn(filepath.Join(binDir, "kube-apiserver"), "kube-apiserver", args...)
-	if err != nil {
-		return nil, err
-	}
-
+	e.apiBin, e.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
 	cfg, hc, err := clientConfig(e.Host, p)
 	if err != nil {
 		return nil, err
 	}
-	if err := awaitReady(ctx, api, e.Host+"/readyz", hc, bodyOK); err != nil {
+	e.hc = hc
+	if err := e.StartAPIServer(ctx); err != nil {
 		return nil, err
 	}
 	e.cfg = cfg
@@ -245,6 +253,43 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 	e.log.Info("kubeenv ready", zap.String("host", e.Host), zap.String("dir", dir),
 		zap.Duration("startup", e.StartupDuration))
 	return e, nil
+}
+
+// StopAPIServer stops kube-apiserver (SIGTERM, SIGKILL after 5s), leaving
+// etcd and the data: clients see the API server down until
+// StartAPIServer. No-op if it is not running.
+func (e *Env) StopAPIServer() {
+	e.mu.Lock()
+	api := e.api
+	e.api = nil
+	e.mu.Unlock()
+	if api != nil {
+		api.stop()
+	}
+}
+
+// StartAPIServer starts kube-apiserver (again) with the same flags, port
+// and data, and returns once /readyz is ok. No-op if it is running.
+func (e *Env) StartAPIServer(ctx context.Context) error {
+	e.mu.Lock()
+	if e.api != nil {
+		e.mu.Unlock()
+		return nil
+	}
+	e.starts++
+	name := "kube-apiserver"
+	if e.starts > 1 {
+		name = fmt.Sprintf("kube-apiserver-%d", e.starts)
+	}
+	e.mu.Unlock()
+	api, err := e.spawn(e.apiBin, name, e.apiArgs...)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.api = api
+	e.mu.Unlock()
+	return awaitReady(ctx, api, e.Host+"/readyz", e.hc, bodyOK)
 }
 
 // spawn starts one binary with stdout+stderr going to <Dir>/<name>.log.
@@ -273,7 +318,9 @@ func (e *Env) spawn(bin, name string, args ...string) (*proc, error) {
 		lf.Close()
 		close(p.done)
 	}()
+	e.mu.Lock()
 	e.procs = append(e.procs, p)
+	e.mu.Unlock()
 	e.log.Debug("started", zap.String("name", name), zap.Int("pid", cmd.Process.Pid))
 	return p, nil
 }
@@ -301,7 +348,10 @@ func (p *proc) stop() (killed bool) {
 // kube-apiserver), for diagnosing failures. Call it before Stop.
 func (e *Env) LogTail(n int) string {
 	var b strings.Builder
-	for _, p := range e.procs {
+	e.mu.Lock()
+	procs := slices.Clone(e.procs)
+	e.mu.Unlock()
+	for _, p := range procs {
 		fmt.Fprintf(&b, "--- %s (%s) ---\n%s\n", p.name, p.logPath, p.logTail(n))
 	}
 	return b.String()
