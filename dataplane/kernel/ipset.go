@@ -132,7 +132,7 @@ func (e Entry) Validate(s IPSet) error {
 	bad := func(why string) error {
 		return fmt.Errorf("ipset %s (%s): entry %+v: %s: %w", s.Name, s.Type, e, why, ErrInvalid)
 	}
-	addrOK := func(a netip.Addr) bool { return a.IsValid() && FamilyOf(a) == s.Family }
+	addrOK := func(a netip.Addr) bool { return CheckAddr(a) == nil && FamilyOf(a) == s.Family }
 	var needIP, needPort, needIP2, needNet bool
 	switch s.Type {
 	case HashIP:
@@ -218,7 +218,8 @@ func (e Entry) Format(t SetType) string {
 //     range must match.
 //   - Reads return normalized values; ListSets sorted by name, ListEntries
 //     in no particular order.
-//   - Bad input: ErrInvalid, the kernel is not called.
+//   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
+//     ErrInvalid, the kernel is not called.
 //   - Safe for concurrent use.
 type IPSets interface {
 	CreateSet(set IPSet) error
