@@ -116,12 +116,17 @@ type Entry struct {
 	Comment  string
 }
 
-// Normalize unmaps addresses and masks Net, as reads return them.
+// Normalize unmaps addresses and masks Net, as reads return them. An
+// invalid Net (e.g. a prefix length too long for its address, which netip
+// keeps with the address) becomes the zero Prefix, so that equal entries
+// compare equal.
 func (e Entry) Normalize() Entry {
 	e.IP = e.IP.Unmap()
 	e.IP2 = e.IP2.Unmap()
 	if e.Net.IsValid() {
 		e.Net = netip.PrefixFrom(e.Net.Addr().Unmap(), e.Net.Bits()).Masked()
+	} else {
+		e.Net = netip.Prefix{}
 	}
 	return e
 }
