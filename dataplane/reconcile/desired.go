@@ -133,8 +133,28 @@ func (c *compiler) compile(res *vsplanev1.Resource) *resourceState {
 	return rs
 }
 
+// maxProblems bounds the messages kept per resource, so a resource with
+// very many bad parts cannot blow up its NACK.
+const maxProblems = 16
+
+// problemsOmitted ends a list cut at maxProblems.
+const problemsOmitted = "further problems omitted"
+
 func (rs *resourceState) problem(format string, args ...any) {
-	rs.problems = append(rs.problems, fmt.Sprintf(format, args...))
+	switch {
+	case len(rs.problems) < maxProblems:
+		rs.problems = append(rs.problems, fmt.Sprintf(format, args...))
+	case len(rs.problems) == maxProblems:
+		rs.problems = append(rs.problems, problemsOmitted)
+	}
+}
+
+// capMessages cuts a resource's messages at maxProblems.
+func capMessages(msgs []string) []string {
+	if len(msgs) <= maxProblems+1 {
+		return msgs
+	}
+	return append(msgs[:maxProblems:maxProblems], problemsOmitted)
 }
 
 // compileSettings compiles node/settings. A bad value is reported and

@@ -91,7 +91,8 @@ type Stats struct {
 	// FailedResources is the number of resources currently failed.
 	FailedResources int
 	// KernelErrors are the errors of the last pass no resource owns, then
-	// those of the last drain check.
+	// those of the last drain check, then a failed read of the IPVS
+	// schedulers (Config.Schedulers).
 	KernelErrors []string
 	// Draining is the number of real servers being drained.
 	Draining int
@@ -512,7 +513,7 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 		}
 		msgs := append(slices.Clone(rs.problems), r.store.conflicts(rs)...)
 		msgs = append(msgs, r.refusals(rs)...)
-		msgs = append(msgs, p.errs[name]...)
+		msgs = capMessages(append(msgs, p.errs[name]...))
 		if len(msgs) == 0 {
 			r.applied[name] = rs.version
 			if _, was := r.failed[name]; was {

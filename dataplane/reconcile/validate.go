@@ -135,7 +135,10 @@ func parseServiceAddr(s string) (netip.Addr, error) {
 // IPv4-mapped (its prefix length would not fit IPv4), masked.
 func parsePrefix(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(strings.TrimSpace(s))
-	if err != nil {
+	switch {
+	case err != nil && strings.Contains(s, "%"):
+		return netip.Prefix{}, fmt.Errorf("IPv6 zone not allowed")
+	case err != nil:
 		return netip.Prefix{}, fmt.Errorf("not a CIDR")
 	}
 	if p.Addr().Is4In6() {

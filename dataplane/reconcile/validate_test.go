@@ -140,7 +140,7 @@ func TestServiceValidation(t *testing.T) {
 		{"persistence without flag", func(s *svc) { vs0(s).Flags = nil },
 			`virtual_servers[0].persistence_timeout_seconds 10800: set without the PERSISTENT flag`, 2, 9},
 		{"source range zone", func(s *svc) { vs0(s).SourceRanges = []string{"fe80::1%eth0/64"} },
-			`virtual_servers[0].source_ranges[0] "fe80::1%eth0/64": not a CIDR`, 2, 9},
+			`virtual_servers[0].source_ranges[0] "fe80::1%eth0/64": IPv6 zone not allowed`, 2, 9},
 		{"source range bad bits", func(s *svc) { vs0(s).SourceRanges = []string{"198.19.50.0/33"} },
 			`virtual_servers[0].source_ranges[0] "198.19.50.0/33": not a CIDR`, 2, 9},
 		{"source range mapped", func(s *svc) { vs0(s).SourceRanges = []string{"::ffff:198.19.50.0/120"} },
@@ -247,7 +247,7 @@ func TestSettingsValidation(t *testing.T) {
 		{"fin timeout", func(n *ns) { n.TcpFinTimeoutSeconds = 4e9 },
 			`tcp_fin_timeout_seconds 4000000000: out of range 0..2147483 (the kernel's limit); left unchanged`, nil},
 		{"masquerade bit", func(n *ns) { n.MasqueradeBit = 32 }, `masquerade_bit 32: out of range 0..31; using 14`, nil},
-		{"cluster cidr zone", func(n *ns) { n.ClusterCidrs[1] = "fe80::%eth0/64" }, `cluster_cidrs[1] "fe80::%eth0/64": not a CIDR`,
+		{"cluster cidr zone", func(n *ns) { n.ClusterCidrs[1] = "fe80::%eth0/64" }, `cluster_cidrs[1] "fe80::%eth0/64": IPv6 zone not allowed`,
 			func(t *testing.T, s settings) {
 				if len(s.clusterCIDRs) != 1 {
 					t.Errorf("cluster CIDRs %v", s.clusterCIDRs)
@@ -258,7 +258,7 @@ func TestSettingsValidation(t *testing.T) {
 		{"cluster cidr bits", func(n *ns) { n.ClusterCidrs[0] = "198.19.0.0/40" }, `cluster_cidrs[0] "198.19.0.0/40": not a CIDR`, nil},
 		{"exclude cidr injection", func(n *ns) { n.ExcludeCidrs[0] = "198.18.0.0/16\n-A INPUT -j ACCEPT" },
 			`exclude_cidrs[0] "198.18.0.0/16\n-A INPUT -j ACCEPT": not a CIDR`, nil},
-		{"nodeport cidr", func(n *ns) { n.NodePortAddresses[0] = "fe80::1%eth0" }, `node_port_addresses[0] "fe80::1%eth0": not a CIDR`, nil},
+		{"nodeport cidr", func(n *ns) { n.NodePortAddresses[0] = "fe80::1%eth0" }, `node_port_addresses[0] "fe80::1%eth0": IPv6 zone not allowed`, nil},
 		{"node ip zone", func(n *ns) { n.NodeIps[1] = "fe80::1%eth0" }, `node_ips[1] "fe80::1%eth0": IPv6 zone not allowed`, nil},
 		{"zone", func(n *ns) { n.Zone = "zone a\n" },
 			`zone "zone a\n": not a label value (at most 63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)`, nil},
@@ -450,5 +450,22 @@ func TestSchedulersOfferedByTheKernel(t *testing.T) {
 	}
 	if _, ok := r2.Versions()["service/default/a"]; !ok {
 		t.Error("Service not applied with the kept default")
+	}
+}
+
+// A resource with very many bad parts reports the first maxProblems.
+func TestProblemsCapped(t *testing.T) {
+	res := goodService()
+	s := res.GetService()
+	for range 1000 {
+		s.IpsetEntries = append(s.IpsetEntries, &vsplanev1.IPSetEntry{Set: vsplanev1.IPSet_IP_SET_CLUSTER_IP, Ip: "fe80::1%eth0"})
+	}
+	rs := testCompiler.compile(res)
+	if len(rs.problems) != maxProblems+1 || rs.problems[maxProblems] != problemsOmitted || len(rs.entries) != 8 {
+		t.Errorf("%d problems (last %q), %d entries", len(rs.problems), rs.problems[len(rs.problems)-1], len(rs.entries))
+	}
+	msgs := capMessages(append(slices.Clone(rs.problems), "conflict", "kernel error"))
+	if len(msgs) != maxProblems+1 || msgs[maxProblems] != problemsOmitted {
+		t.Errorf("capMessages: %d, last %q", len(msgs), msgs[len(msgs)-1])
 	}
 }
