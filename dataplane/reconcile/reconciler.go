@@ -19,6 +19,10 @@
 //     when its address is bound to kube-ipvs0. Virtual servers and bound
 //     addresses inside excludeCIDRs are never deleted. The kube-proxy sets
 //     (KUBE-*, KUBE-6-*) are entirely the agent's.
+//   - Nothing from the wire reaches the kernel, an iptables-restore payload
+//     or a log line unchecked (validate.go): a bad value is a NACK naming
+//     the field and only its part is skipped; a resource with a bad name
+//     or version is refused whole.
 //   - A failing item fails the resources that own or touched it (NACK with
 //     the kernel's message); every other item is still applied. Failed
 //     resources are retried by Run with exponential backoff.
