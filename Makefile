@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 
-.PHONY: all tools proto build test lint check-generated demo kube vm-deps bench bench-vm clean
+.PHONY: all tools proto build test fuzz lint check-generated demo kube vm-deps bench bench-vm clean
 
 all: build
 
@@ -55,9 +55,21 @@ kube:
 vm-deps:
 	bash scripts/vm/deps.sh
 
-## test: everything CI runs — lint, unit, real-apiserver integration, VM tests
+## test: everything CI runs — lint, unit, real-apiserver integration, VM tests, then fuzzing
 test: tools kube vm-deps lint
 	$(GO) test -count=1 -timeout 45m ./...
+	$(MAKE) fuzz
+
+## fuzz: every native fuzz target (func FuzzX in a *_test.go) for FUZZTIME, one at a time
+## (go test -fuzz takes one target per run); failing inputs land in the package's testdata/fuzz/
+FUZZTIME ?= 10s
+fuzz:
+	@set -e; for dir in $$(grep -l '^func Fuzz' $$(git ls-files '*_test.go') | xargs -n1 dirname | sort -u); do \
+	  for fn in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go | cut -d' ' -f2); do \
+	    echo "fuzz: $$fn ./$$dir for $(FUZZTIME)"; \
+	    $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) ./$$dir; \
+	  done; \
+	done
 
 ## demo: the main job — apiserver, control plane, VM with two agent nodes, a Service through IPVS
 demo: tools

@@ -116,12 +116,17 @@ type Entry struct {
 	Comment  string
 }
 
-// Normalize unmaps addresses and masks Net, as reads return them.
+// Normalize unmaps addresses and masks Net, as reads return them. An
+// invalid Net (e.g. a prefix length too long for its address, which netip
+// keeps with the address) becomes the zero Prefix, so that equal entries
+// compare equal.
 func (e Entry) Normalize() Entry {
 	e.IP = e.IP.Unmap()
 	e.IP2 = e.IP2.Unmap()
 	if e.Net.IsValid() {
 		e.Net = netip.PrefixFrom(e.Net.Addr().Unmap(), e.Net.Bits()).Masked()
+	} else {
+		e.Net = netip.Prefix{}
 	}
 	return e
 }
@@ -132,7 +137,7 @@ func (e Entry) Validate(s IPSet) error {
 	bad := func(why string) error {
 		return fmt.Errorf("ipset %s (%s): entry %+v: %s: %w", s.Name, s.Type, e, why, ErrInvalid)
 	}
-	addrOK := func(a netip.Addr) bool { return a.IsValid() && FamilyOf(a) == s.Family }
+	addrOK := func(a netip.Addr) bool { return CheckAddr(a) == nil && FamilyOf(a) == s.Family }
 	var needIP, needPort, needIP2, needNet bool
 	switch s.Type {
 	case HashIP:
@@ -218,7 +223,8 @@ func (e Entry) Format(t SetType) string {
 //     range must match.
 //   - Reads return normalized values; ListSets sorted by name, ListEntries
 //     in no particular order.
-//   - Bad input: ErrInvalid, the kernel is not called.
+//   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
+//     ErrInvalid, the kernel is not called.
 //   - Safe for concurrent use.
 type IPSets interface {
 	CreateSet(set IPSet) error

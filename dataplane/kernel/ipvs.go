@@ -77,6 +77,9 @@ func (k VirtualServerKey) Validate() error {
 	if !k.Address.IsValid() {
 		return fmt.Errorf("ipvs key %v: no address and no fwmark: %w", k, ErrInvalid)
 	}
+	if err := CheckAddr(k.Address); err != nil {
+		return fmt.Errorf("ipvs key: %w", err)
+	}
 	if k.Family != FamilyUnspecified && k.Family != FamilyOf(k.Address.Unmap()) {
 		return fmt.Errorf("ipvs key %v: family %v does not match address: %w", k, k.Family, ErrInvalid)
 	}
@@ -209,6 +212,9 @@ func (d Destination) Validate(family Family) error {
 	if !d.Address.IsValid() {
 		return fmt.Errorf("destination %v: no address: %w", d.Key(), ErrInvalid)
 	}
+	if err := CheckAddr(d.Address); err != nil {
+		return fmt.Errorf("destination: %w", err)
+	}
 	if FamilyOf(d.Address.Unmap()) != family {
 		return fmt.Errorf("destination %v: family differs from virtual server (%v): %w", d.Key(), family, ErrInvalid)
 	}
@@ -253,7 +259,8 @@ func (t Timeouts) Validate() error {
 //     destination: ErrExist. Update/Delete of a missing destination:
 //     ErrNotFound.
 //   - SetTimeouts: zero fields are left unchanged.
-//   - Bad input: ErrInvalid, the kernel is not called.
+//   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
+//     ErrInvalid, the kernel is not called.
 //   - Safe for concurrent use.
 type IPVS interface {
 	ListVirtualServers() ([]VirtualServer, error)

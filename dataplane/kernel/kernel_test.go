@@ -200,3 +200,17 @@ func TestErrnoSentinel(t *testing.T) {
 		}
 	}
 }
+
+// Found by FuzzEntry (testdata/fuzz/FuzzEntry/ffc705cbd51721bf): netip
+// keeps the address of a prefix whose length does not fit it, so such a
+// Net passed Validate on a bitmap:port set yet never equalled the entry's
+// read-back. Normalize makes every invalid Net the zero Prefix.
+func TestEntryNormalizeInvalidNet(t *testing.T) {
+	e := Entry{Port: 59, Net: netip.PrefixFrom(netip.AddrFrom4([4]byte{48, 48, 48, 48}), 48)}
+	if e.Net.IsValid() || e.Net == (netip.Prefix{}) {
+		t.Fatalf("test premise: %v should be an invalid, non-zero prefix", e.Net)
+	}
+	if got := e.Normalize(); got != (Entry{Port: 59}) {
+		t.Errorf("Normalize() = %+v, want the port only", got)
+	}
+}

@@ -31,7 +31,7 @@ type InterfaceAddress struct {
 //   - LocalAddresses lists every address of every interface (all
 //     families, including loopback and the dummy device), sorted by
 //     interface index then address.
-//   - Bad input (invalid address, empty name): ErrInvalid.
+//   - Bad input (invalid or zoned address, empty name): ErrInvalid.
 //   - Safe for concurrent use.
 type Links interface {
 	EnsureDummy(name string) (created bool, err error)

@@ -45,6 +45,21 @@ func FamilyOf(a netip.Addr) Family {
 	}
 }
 
+// CheckAddr rejects what no kernel interface accepts as an address: the
+// zero Addr and IPv6 addresses with a zone ("fe80::1%eth0"). Netlink
+// carries only the 16 address bytes, so a zoned address would never equal
+// its read-back, and its text form (with the zone verbatim) must never
+// reach iptables-restore input or a log line.
+func CheckAddr(a netip.Addr) error {
+	switch {
+	case !a.IsValid():
+		return fmt.Errorf("invalid address: %w", ErrInvalid)
+	case a.Zone() != "":
+		return fmt.Errorf("address %q has an IPv6 zone: %w", a.String(), ErrInvalid)
+	}
+	return nil
+}
+
 // Protocol is an IP protocol number; only the ones kube-proxy uses are named.
 type Protocol uint8
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
+	"time"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
@@ -96,9 +96,22 @@ type resourceState struct {
 	health *HealthCheck
 }
 
+// compiler turns wire resources into kernel-level desired state, checking
+// every value against what this node offers (validate.go).
+type compiler struct {
+	families familySet
+	// schedulers the kernel offers, sorted; nil when the list is unknown
+	// (then any well-formed name passes and the kernel decides).
+	schedulers []string
+	// defaultScheduler is the node default in force before this resource;
+	// node/settings naming a scheduler the kernel lacks keeps it.
+	defaultScheduler string
+}
+
 // compile turns a wire resource into its kernel-level desired state. It
-// never fails as a whole: bad parts become problems and are skipped.
-func compile(res *vsplanev1.Resource, families familySet) *resourceState {
+// never fails as a whole: bad parts become problems and are skipped. The
+// resource's identity (checkIdentity) is checked by the caller.
+func (c *compiler) compile(res *vsplanev1.Resource) *resourceState {
 	rs := &resourceState{name: res.GetName(), version: res.GetVersion(), vss: map[kernel.VirtualServerKey]desiredVS{}}
 	switch body := res.GetBody().(type) {
 	case *vsplanev1.Resource_Service:
@@ -106,13 +119,13 @@ func compile(res *vsplanev1.Resource, families familySet) *resourceState {
 			rs.problem("resource %s must carry node_settings", rs.name)
 			break
 		}
-		compileService(rs, body.Service, families)
+		c.compileService(rs, body.Service)
 	case *vsplanev1.Resource_NodeSettings:
 		if rs.name != SettingsResource {
 			rs.problem("node_settings only allowed in resource %q", SettingsResource)
 			break
 		}
-		s := compileSettings(rs, body.NodeSettings)
+		s := c.compileSettings(rs, body.NodeSettings)
 		rs.settings = &s
 	default:
 		rs.problem("resource has no body")
@@ -120,85 +133,144 @@ func compile(res *vsplanev1.Resource, families familySet) *resourceState {
 	return rs
 }
 
+// maxProblems bounds the messages kept per resource, so a resource with
+// very many bad parts cannot blow up its NACK.
+const maxProblems = 16
+
+// problemsOmitted ends a list cut at maxProblems.
+const problemsOmitted = "further problems omitted"
+
 func (rs *resourceState) problem(format string, args ...any) {
-	rs.problems = append(rs.problems, fmt.Sprintf(format, args...))
+	switch {
+	case len(rs.problems) < maxProblems:
+		rs.problems = append(rs.problems, fmt.Sprintf(format, args...))
+	case len(rs.problems) == maxProblems:
+		rs.problems = append(rs.problems, problemsOmitted)
+	}
 }
 
-func compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings) settings {
+// capMessages cuts a resource's messages at maxProblems.
+func capMessages(msgs []string) []string {
+	if len(msgs) <= maxProblems+1 {
+		return msgs
+	}
+	return append(msgs[:maxProblems:maxProblems], problemsOmitted)
+}
+
+// compileSettings compiles node/settings. A bad value is reported and
+// replaced by its default (the scheduler: by the one in force), so one bad
+// field never takes the others, or every Service, down with it.
+func (c *compiler) compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings) settings {
 	s := defaultSettings()
-	if ns.GetDefaultScheduler() != "" {
-		s.defaultScheduler = ns.GetDefaultScheduler()
+	if c.defaultScheduler != "" {
+		s.defaultScheduler = c.defaultScheduler
+	}
+	if d := ns.GetDefaultScheduler(); d != "" {
+		if err := checkScheduler(d, c.schedulers); err != nil {
+			rs.problem("%v", bad("default_scheduler", d, "%v; keeping %q", err, s.defaultScheduler))
+		} else {
+			s.defaultScheduler = d
+		}
+	} else {
+		s.defaultScheduler = defaultSettings().defaultScheduler
+	}
+	timeout := func(field string, v uint32) time.Duration {
+		if v > maxIPVSTimeout {
+			rs.problem("%v", bad(field, v, "out of range 0..%d (the kernel's limit); left unchanged", maxIPVSTimeout))
+			return 0
+		}
+		return secs(v)
 	}
 	s.timeouts = kernel.Timeouts{
-		TCP:    secs(ns.GetTcpTimeoutSeconds()),
-		TCPFin: secs(ns.GetTcpFinTimeoutSeconds()),
-		UDP:    secs(ns.GetUdpTimeoutSeconds()),
+		TCP:    timeout("tcp_timeout_seconds", ns.GetTcpTimeoutSeconds()),
+		TCPFin: timeout("tcp_fin_timeout_seconds", ns.GetTcpFinTimeoutSeconds()),
+		UDP:    timeout("udp_timeout_seconds", ns.GetUdpTimeoutSeconds()),
 	}
 	s.strictARP = ns.GetStrictArp()
 	s.masqueradeAll = ns.GetMasqueradeAll()
 	// proto3 cannot tell 0 from unset: 0 means kube-proxy's default 14.
 	switch bit := ns.GetMasqueradeBit(); {
 	case bit > 31:
-		rs.problem("masquerade_bit %d out of range 0..31; using %d", bit, rules.DefaultMasqueradeBit)
+		rs.problem("%v", bad("masquerade_bit", bit, "out of range 0..31; using %d", rules.DefaultMasqueradeBit))
 	case bit != 0:
 		s.masqueradeBit = uint8(bit)
 	}
 	s.clusterCIDRs = parsePrefixes(rs, "cluster_cidrs", ns.GetClusterCidrs())
 	s.excludeCIDRs = parsePrefixes(rs, "exclude_cidrs", ns.GetExcludeCidrs())
 	s.nodePortCIDRs = parsePrefixes(rs, "node_port_addresses", ns.GetNodePortAddresses())
-	s.reconcilePeriod = ns.GetReconcilePeriodSeconds()
+	for i, a := range ns.GetNodeIps() {
+		if _, err := parseAddr(a); err != nil {
+			rs.problem("%v", bad(fmt.Sprintf("node_ips[%d]", i), a, "%v", err))
+		}
+	}
+	if z := ns.GetZone(); !labelValue(z) {
+		rs.problem("%v", bad("zone", z, "not a label value (at most 63 of A-Z a-z 0-9 - _ ., alphanumeric at both ends)"))
+	}
+	if p := ns.GetReconcilePeriodSeconds(); p > maxReconcilePeriod {
+		rs.problem("%v", bad("reconcile_period_seconds", p, "out of range 0..%d; using the agent's default", maxReconcilePeriod))
+	} else {
+		s.reconcilePeriod = p
+	}
 	s.nodeDeleting = ns.GetNodeDeleting()
 	return s
 }
 
 func parsePrefixes(rs *resourceState, field string, in []string) []netip.Prefix {
 	var out []netip.Prefix
-	for _, c := range in {
-		p, err := netip.ParsePrefix(strings.TrimSpace(c))
+	for i, c := range in {
+		p, err := parsePrefix(c)
 		if err != nil {
-			rs.problem("%s: %v", field, err)
+			rs.problem("%v", bad(fmt.Sprintf("%s[%d]", field, i), c, "%v", err))
 			continue
 		}
-		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
+		out = append(out, p)
 	}
 	return out
 }
 
-func compileService(rs *resourceState, svc *vsplanev1.ServiceState, families familySet) {
+func (c *compiler) compileService(rs *resourceState, svc *vsplanev1.ServiceState) {
 	tm := &templates{}
+	// The health-check server names the Service after the (checked)
+	// resource name; namespace and name, when set, must agree with it.
+	namespace, name, _ := serviceName(rs.name)
+	identity := (svc.GetNamespace() == "" || svc.GetNamespace() == namespace) && (svc.GetName() == "" || svc.GetName() == name)
+	if !identity {
+		rs.problem("namespace %s, name %s: do not match resource name %s", quote(svc.GetNamespace()), quote(svc.GetName()), quote(rs.name))
+	}
 	if p := svc.GetHealthCheckNodePort(); p != 0 {
-		if p > 65535 {
-			rs.problem("health_check_node_port %d out of range 1..65535", p)
-		} else {
-			rs.health = &HealthCheck{Resource: rs.name, Namespace: svc.GetNamespace(), Name: svc.GetName(),
+		if err := checkPort("health_check_node_port", p); err != nil {
+			rs.problem("%v", err)
+		} else if identity {
+			rs.health = &HealthCheck{Resource: rs.name, Namespace: namespace, Name: name,
 				Port: uint16(p), LocalEndpoints: int(svc.GetLocalEndpoints())}
 		}
 	}
 	for i, v := range svc.GetVirtualServers() {
-		d, err := compileVS(v, families)
+		at := fmt.Sprintf("virtual_servers[%d]", i)
+		d, err := c.compileVS(v)
 		if err != nil {
-			rs.problem("virtual_servers[%d] (%s %s:%d): %v", i, v.GetProtocol(), v.GetAddress(), v.GetPort(), err)
+			rs.problem("%v", err.under(at))
 			continue
 		}
 		if v.GetNodePortAddresses() {
 			if slices.ContainsFunc(tm.vss, func(o desiredVS) bool { return o.vs.Key == d.vs.Key }) {
-				rs.problem("virtual_servers[%d]: duplicate NodePort virtual server %v/%d", i, d.vs.Key.Protocol, d.vs.Key.Port)
+				rs.problem("%s: duplicate NodePort virtual server %v/%d", at, d.vs.Key.Protocol, d.vs.Key.Port)
 				continue
 			}
 			tm.vss = append(tm.vss, d)
 			continue
 		}
 		if _, dup := rs.vss[d.vs.Key]; dup {
-			rs.problem("virtual_servers[%d]: duplicate virtual server %v", i, d.vs.Key)
+			rs.problem("%s: duplicate virtual server %v", at, d.vs.Key)
 			continue
 		}
 		rs.vss[d.vs.Key] = d
 	}
 	seen := map[entryKey]bool{}
 	for i, e := range svc.GetIpsetEntries() {
-		ek, err := compileEntry(e, families)
+		ek, err := c.compileEntry(e)
 		if err != nil {
-			rs.problem("ipset_entries[%d]: %v", i, err)
+			rs.problem("%v", err.under(fmt.Sprintf("ipset_entries[%d]", i)))
 			continue
 		}
 		if !seen[ek] {
@@ -219,12 +291,19 @@ func compileService(rs *resourceState, svc *vsplanev1.ServiceState, families fam
 
 // compileVS compiles one virtual server. A node_port_addresses marker
 // comes back as a template: Key.Address is the zero Addr and Key.Family
-// the marker's family (expand fills the address in).
-func compileVS(v *vsplanev1.VirtualServer, families familySet) (desiredVS, error) {
+// the marker's family (expand fills the address in). Error paths are
+// relative to the virtual server.
+func (c *compiler) compileVS(v *vsplanev1.VirtualServer) (desiredVS, *fieldError) {
+	if !knownEnum(v.GetKind(), vsplanev1.VirtualServerKind_name) {
+		return desiredVS{}, bad("kind", v.GetKind(), "unknown kind")
+	}
+	if err := checkFamilyEnum("family", v.GetFamily()); err != nil {
+		return desiredVS{}, err
+	}
 	var addr netip.Addr
 	if v.GetNodePortAddresses() {
 		if v.GetAddress() != "" {
-			return desiredVS{}, fmt.Errorf("node_port_addresses virtual server with address %q (must be empty)", v.GetAddress())
+			return desiredVS{}, bad("address", v.GetAddress(), "node_port_addresses virtual server with an address (must be empty)")
 		}
 		// Validate as if on the family's unspecified address.
 		switch v.GetFamily() {
@@ -233,80 +312,118 @@ func compileVS(v *vsplanev1.VirtualServer, families familySet) (desiredVS, error
 		case vsplanev1.IPFamily_IP_FAMILY_IPV6:
 			addr = netip.IPv6Unspecified()
 		default:
-			return desiredVS{}, fmt.Errorf("node_port_addresses virtual server without family")
+			return desiredVS{}, bad("family", v.GetFamily(), "node_port_addresses virtual server without family")
 		}
 	} else {
 		var err error
-		if addr, err = netip.ParseAddr(v.GetAddress()); err != nil {
-			return desiredVS{}, fmt.Errorf("address: %v", err)
+		if addr, err = parseServiceAddr(v.GetAddress()); err != nil {
+			return desiredVS{}, bad("address", v.GetAddress(), "%v", err)
 		}
-		addr = addr.Unmap()
 	}
 	fam := kernel.FamilyOf(addr)
-	if err := checkFamily(v.GetFamily(), fam, families); err != nil {
-		return desiredVS{}, err
+	if err := checkFamily(v.GetFamily(), fam, c.families); err != nil {
+		return desiredVS{}, bad("family", v.GetFamily(), "%v", err)
 	}
 	proto, err := protocol(v.GetProtocol())
 	if err != nil {
+		return desiredVS{}, bad("protocol", v.GetProtocol(), "%v", err)
+	}
+	if err := checkPort("port", v.GetPort()); err != nil {
 		return desiredVS{}, err
 	}
-	if v.GetPort() == 0 || v.GetPort() > 65535 {
-		return desiredVS{}, fmt.Errorf("port %d out of range 1..65535", v.GetPort())
-	}
 	vs := kernel.VirtualServer{Key: kernel.AddrKey(addr, proto, uint16(v.GetPort())), Scheduler: v.GetScheduler()}
-	for _, f := range v.GetFlags() {
+	if vs.Scheduler != "" {
+		if err := checkScheduler(vs.Scheduler, c.schedulers); err != nil {
+			return desiredVS{}, bad("scheduler", vs.Scheduler, "%v", err)
+		}
+	}
+	for i, f := range v.GetFlags() {
 		kf, err := flag(f)
 		if err != nil {
-			return desiredVS{}, err
+			return desiredVS{}, bad(fmt.Sprintf("flags[%d]", i), f, "%v", err)
 		}
 		vs.Flags |= kf
 	}
-	if vs.Flags&kernel.FlagPersistent != 0 {
-		vs.Timeout = v.GetPersistenceTimeoutSeconds()
+	t := v.GetPersistenceTimeoutSeconds()
+	switch {
+	case vs.Flags&kernel.FlagPersistent != 0 && (t == 0 || t > maxPersistenceTimeout):
+		return desiredVS{}, bad("persistence_timeout_seconds", t, "out of range 1..%d for a persistent virtual server", maxPersistenceTimeout)
+	case vs.Flags&kernel.FlagPersistent != 0:
+		vs.Timeout = t
+	case t != 0:
+		return desiredVS{}, bad("persistence_timeout_seconds", t, "set without the PERSISTENT flag")
+	}
+	for i, r := range v.GetSourceRanges() {
+		p, err := parsePrefix(r)
+		if err == nil && kernel.FamilyOf(p.Addr()) != fam {
+			err = fmt.Errorf("not %s like the virtual server", familyName(fam))
+		}
+		if err != nil {
+			return desiredVS{}, bad(fmt.Sprintf("source_ranges[%d]", i), r, "%v", err)
+		}
 	}
 	check := vs
 	if check.Scheduler == "" {
-		check.Scheduler = "rr" // the node default is checked by the kernel
+		check.Scheduler = "rr" // the node default is checked in node/settings
 	}
 	if err := check.Validate(); err != nil {
-		return desiredVS{}, err
+		return desiredVS{}, bad("", nil, "%v", err)
 	}
 	d := desiredVS{vs: vs, binding: v.GetBinding(), reject: v.GetReject()}
+	if !knownEnum(d.binding, vsplanev1.AddressBinding_name) {
+		return desiredVS{}, bad("binding", d.binding, "unknown binding")
+	}
 	if d.binding == vsplanev1.AddressBinding_ADDRESS_BINDING_UNSPECIFIED {
 		d.binding = defaultBinding(v.GetKind())
 	}
 	if v.GetNodePortAddresses() {
 		// NodePort addresses already belong to the node: never bound.
 		if d.binding != vsplanev1.AddressBinding_ADDRESS_BINDING_NONE {
-			return desiredVS{}, fmt.Errorf("node_port_addresses virtual server with binding %v (must be NONE)", d.binding)
+			return desiredVS{}, bad("binding", d.binding, "node_port_addresses virtual server must have binding NONE")
 		}
 		d.vs.Key.Address = netip.Addr{}
 	}
 	if d.reject && len(v.GetRealServers()) > 0 {
 		// reject means "no usable endpoint": real servers contradict it.
-		return desiredVS{}, fmt.Errorf("reject with %d real servers (must have none)", len(v.GetRealServers()))
+		return desiredVS{}, bad("real_servers", nil, "reject with %d real servers (must have none)", len(v.GetRealServers()))
 	}
 	seen := map[kernel.DestinationKey]bool{}
-	for _, r := range v.GetRealServers() {
-		ra, err := netip.ParseAddr(r.GetAddress())
+	for i, r := range v.GetRealServers() {
+		dst, err := compileRealServer(r, fam)
 		if err != nil {
-			return desiredVS{}, fmt.Errorf("real server address: %v", err)
-		}
-		if r.GetPort() == 0 || r.GetPort() > 65535 {
-			return desiredVS{}, fmt.Errorf("real server %s: port %d out of range", r.GetAddress(), r.GetPort())
-		}
-		dst := kernel.Destination{Address: ra.Unmap(), Port: uint16(r.GetPort()), Weight: int(r.GetWeight()), Forward: kernel.ForwardMasq}
-		if err := dst.Validate(fam); err != nil {
-			return desiredVS{}, err
+			return desiredVS{}, err.under(fmt.Sprintf("real_servers[%d]", i))
 		}
 		if seen[dst.Key()] {
-			return desiredVS{}, fmt.Errorf("duplicate real server %v", dst.Key())
+			return desiredVS{}, bad(fmt.Sprintf("real_servers[%d]", i), nil, "duplicate real server %v", dst.Key())
 		}
 		seen[dst.Key()] = true
 		d.dests = append(d.dests, dst)
 	}
 	slices.SortFunc(d.dests, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
 	return d, nil
+}
+
+// compileRealServer compiles one real server of a virtual server of
+// family fam; error paths are relative to the real server.
+func compileRealServer(r *vsplanev1.RealServer, fam kernel.Family) (kernel.Destination, *fieldError) {
+	ra, err := parseServiceAddr(r.GetAddress())
+	if err != nil {
+		return kernel.Destination{}, bad("address", r.GetAddress(), "%v", err)
+	}
+	if kernel.FamilyOf(ra) != fam {
+		return kernel.Destination{}, bad("address", r.GetAddress(), "not %s like the virtual server", familyName(fam))
+	}
+	if err := checkPort("port", r.GetPort()); err != nil {
+		return kernel.Destination{}, err
+	}
+	if w := r.GetWeight(); w > maxWeight {
+		return kernel.Destination{}, bad("weight", w, "out of range 0..%d", maxWeight)
+	}
+	dst := kernel.Destination{Address: ra, Port: uint16(r.GetPort()), Weight: int(r.GetWeight()), Forward: kernel.ForwardMasq}
+	if err := dst.Validate(fam); err != nil {
+		return kernel.Destination{}, bad("", nil, "%v", err)
+	}
+	return dst, nil
 }
 
 // defaultBinding is what an unspecified binding means for each kind.
@@ -324,7 +441,7 @@ func checkFamily(declared vsplanev1.IPFamily, actual kernel.Family, families fam
 	switch {
 	case declared == vsplanev1.IPFamily_IP_FAMILY_IPV4 && actual != kernel.FamilyIPv4,
 		declared == vsplanev1.IPFamily_IP_FAMILY_IPV6 && actual != kernel.FamilyIPv6:
-		return fmt.Errorf("family %v does not match address", declared)
+		return fmt.Errorf("does not match address")
 	case !families.has(actual):
 		return fmt.Errorf("family %v is not enabled on this agent", actual)
 	}
@@ -384,69 +501,81 @@ var protoSets = map[vsplanev1.IPSet]rules.Set{
 	vsplanev1.IPSet_IP_SET_IPVS_IPS:                  rules.SetIPVSIPs,
 }
 
-func compileEntry(e *vsplanev1.IPSetEntry, families familySet) (entryKey, error) {
+// compileEntry compiles one ipset entry; error paths are relative to it.
+func (c *compiler) compileEntry(e *vsplanev1.IPSetEntry) (entryKey, *fieldError) {
 	set, ok := protoSets[e.GetSet()]
 	if !ok {
-		return entryKey{}, fmt.Errorf("unknown set %v", e.GetSet())
+		return entryKey{}, bad("set", e.GetSet(), "unknown set")
+	}
+	if set == rules.SetIPVSIPs {
+		// Its addresses decide what KUBE-IPVS-FILTER rejects on the node.
+		return entryKey{}, bad("set", e.GetSet(), "filled by the agent from %s, not accepted from the control plane", kernel.DummyDevice)
+	}
+	if err := checkFamilyEnum("family", e.GetFamily()); err != nil {
+		return entryKey{}, err
 	}
 	if e.GetNodePortAddresses() {
-		return compileEntryTemplate(set, e, families)
+		return c.compileEntryTemplate(set, e)
 	}
 	var ke kernel.Entry
-	var err error
-	parseIP := func(s string) netip.Addr {
-		if err != nil || s == "" {
-			return netip.Addr{}
+	typ := set.Type()
+	for _, f := range []struct {
+		name string
+		val  string
+		dst  *netip.Addr
+	}{{"ip", e.GetIp(), &ke.IP}, {"ip2", e.GetIp2(), &ke.IP2}} {
+		if f.val == "" {
+			continue
 		}
-		var a netip.Addr
-		a, err = netip.ParseAddr(s)
-		return a.Unmap()
+		a, err := parseServiceAddr(f.val)
+		if err != nil {
+			return entryKey{}, bad(f.name, f.val, "%v", err)
+		}
+		*f.dst = a
 	}
-	ke.IP = parseIP(e.GetIp())
-	ke.IP2 = parseIP(e.GetIp2())
-	if e.GetNet() != "" && err == nil {
-		var p netip.Prefix
-		p, err = netip.ParsePrefix(e.GetNet())
+	if n := e.GetNet(); n != "" {
+		p, err := parsePrefix(n)
+		if err != nil {
+			return entryKey{}, bad("net", n, "%v", err)
+		}
 		ke.Net = p
 	}
-	if err != nil {
-		return entryKey{}, fmt.Errorf("%v: %v", set, err)
-	}
-	if e.GetPort() > 65535 {
-		return entryKey{}, fmt.Errorf("%v: port %d out of range", set, e.GetPort())
+	if typ != kernel.HashIP && typ != kernel.HashNet {
+		if err := checkPort("port", e.GetPort()); err != nil {
+			return entryKey{}, err
+		}
+	} else if e.GetPort() != 0 {
+		return entryKey{}, bad("port", e.GetPort(), "set %v (%s) has no port", set, typ)
 	}
 	ke.Port = uint16(e.GetPort())
-	if set.Type() != kernel.BitmapPort && set.Type() != kernel.HashIP {
+	if typ != kernel.BitmapPort && typ != kernel.HashIP {
+		var err error
 		if ke.Protocol, err = protocol(e.GetProtocol()); err != nil {
-			return entryKey{}, fmt.Errorf("%v: %v", set, err)
+			return entryKey{}, bad("protocol", e.GetProtocol(), "%v", err)
 		}
 	}
 	fam := kernel.FamilyOf(ke.IP)
-	switch e.GetFamily() {
-	case vsplanev1.IPFamily_IP_FAMILY_IPV4:
-		fam = checkedFamily(fam, kernel.FamilyIPv4, &err)
-	case vsplanev1.IPFamily_IP_FAMILY_IPV6:
-		fam = checkedFamily(fam, kernel.FamilyIPv6, &err)
+	if fam == kernel.FamilyUnspecified {
+		fam = kernel.FamilyOf(ke.Net.Addr())
+	}
+	switch declared := e.GetFamily(); {
+	case declared == vsplanev1.IPFamily_IP_FAMILY_IPV4 && fam == kernel.FamilyIPv6,
+		declared == vsplanev1.IPFamily_IP_FAMILY_IPV6 && fam == kernel.FamilyIPv4:
+		return entryKey{}, bad("family", declared, "does not match address")
+	case declared == vsplanev1.IPFamily_IP_FAMILY_IPV4:
+		fam = kernel.FamilyIPv4
+	case declared == vsplanev1.IPFamily_IP_FAMILY_IPV6:
+		fam = kernel.FamilyIPv6
 	}
 	if fam == kernel.FamilyUnspecified {
 		fam = kernel.FamilyIPv4 // bitmap:port entry without family
 	}
-	if err == nil && !families.has(fam) {
-		err = fmt.Errorf("family %v is not enabled on this agent", fam)
-	}
-	if err != nil {
-		return entryKey{}, fmt.Errorf("%v: %v", set, err)
+	if !c.families.has(fam) {
+		return entryKey{}, bad("family", e.GetFamily(), "family %v is not enabled on this agent", fam)
 	}
 	ek := entryKey{set: setRef{set: set, family: fam}, entry: ke.Normalize()}
 	if err := ek.entry.Validate(ek.set.spec()); err != nil {
-		return entryKey{}, err
+		return entryKey{}, bad("", nil, "%v", err)
 	}
 	return ek, nil
-}
-
-func checkedFamily(fromIP, declared kernel.Family, err *error) kernel.Family {
-	if fromIP != kernel.FamilyUnspecified && fromIP != declared && *err == nil {
-		*err = fmt.Errorf("family %v does not match address", declared)
-	}
-	return declared
 }

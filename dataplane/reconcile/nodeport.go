@@ -72,12 +72,15 @@ func selectNodePortAddrs(list []kernel.InterfaceAddress, cidrs []netip.Prefix, f
 	return out
 }
 
-func compileEntryTemplate(set rules.Set, e *vsplanev1.IPSetEntry, families familySet) (entryKey, error) {
+// compileEntryTemplate compiles a node_port_addresses entry marker.
+func (c *compiler) compileEntryTemplate(set rules.Set, e *vsplanev1.IPSetEntry) (entryKey, *fieldError) {
 	if set.Type() != kernel.HashIPPort {
-		return entryKey{}, fmt.Errorf("%v: node_port_addresses entries only in hash:ip,port sets (the SCTP NodePort sets)", set)
+		return entryKey{}, bad("node_port_addresses", nil, "%v: node_port_addresses entries only in hash:ip,port sets (the SCTP NodePort sets)", set)
 	}
-	if e.GetIp() != "" || e.GetIp2() != "" || e.GetNet() != "" {
-		return entryKey{}, fmt.Errorf("%v: node_port_addresses entry must carry only a port and protocol", set)
+	for _, f := range []struct{ name, val string }{{"ip", e.GetIp()}, {"ip2", e.GetIp2()}, {"net", e.GetNet()}} {
+		if f.val != "" {
+			return entryKey{}, bad(f.name, f.val, "node_port_addresses entry must carry only a port and protocol")
+		}
 	}
 	var fam kernel.Family
 	switch e.GetFamily() {
@@ -86,17 +89,17 @@ func compileEntryTemplate(set rules.Set, e *vsplanev1.IPSetEntry, families famil
 	case vsplanev1.IPFamily_IP_FAMILY_IPV6:
 		fam = kernel.FamilyIPv6
 	default:
-		return entryKey{}, fmt.Errorf("%v: node_port_addresses entry without family", set)
+		return entryKey{}, bad("family", e.GetFamily(), "node_port_addresses entry without family")
 	}
-	if !families.has(fam) {
-		return entryKey{}, fmt.Errorf("%v: family %v is not enabled on this agent", set, fam)
+	if !c.families.has(fam) {
+		return entryKey{}, bad("family", e.GetFamily(), "family %v is not enabled on this agent", fam)
 	}
-	if e.GetPort() == 0 || e.GetPort() > 65535 {
-		return entryKey{}, fmt.Errorf("%v: port %d out of range 1..65535", set, e.GetPort())
+	if err := checkPort("port", e.GetPort()); err != nil {
+		return entryKey{}, err
 	}
 	proto, err := protocol(e.GetProtocol())
 	if err != nil {
-		return entryKey{}, fmt.Errorf("%v: %v", set, err)
+		return entryKey{}, bad("protocol", e.GetProtocol(), "%v", err)
 	}
 	return entryKey{set: setRef{set: set, family: fam}, entry: kernel.Entry{Protocol: proto, Port: uint16(e.GetPort())}}, nil
 }

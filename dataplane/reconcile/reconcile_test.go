@@ -293,7 +293,9 @@ func TestDriftRepaired(t *testing.T) {
 func TestKernelErrorFailsOnlyThatResource(t *testing.T) {
 	mk := memory.New()
 	mk.SetSchedulers([]string{"rr", "sh"}) // no wrr module yet
-	r := newReconciler(t, mk, Config{RetryBase: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	// The agent was told wrr is offered (installed): the kernel's refusal
+	// is a kernel error, retried.
+	r := newReconciler(t, mk, Config{RetryBase: time.Millisecond, RetryMax: 5 * time.Millisecond, Schedulers: memory.DefaultSchedulers})
 	bad := svcB
 	bad.scheduler = "wrr"
 	ack := apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), bad.resource()))

@@ -19,6 +19,10 @@
 //     when its address is bound to kube-ipvs0. Virtual servers and bound
 //     addresses inside excludeCIDRs are never deleted. The kube-proxy sets
 //     (KUBE-*, KUBE-6-*) are entirely the agent's.
+//   - Nothing from the wire reaches the kernel, an iptables-restore payload
+//     or a log line unchecked (validate.go): a bad value is a NACK naming
+//     the field and only its part is skipped; a resource with a bad name
+//     or version is refused whole.
 //   - A failing item fails the resources that own or touched it (NACK with
 //     the kernel's message); every other item is still applied. Failed
 //     resources are retried by Run with exponential backoff.
@@ -69,6 +73,13 @@ type Config struct {
 	// kube-proxy has no bound).
 	MaxDrain time.Duration
 
+	// Schedulers are the IPVS schedulers virtual servers and the node
+	// default may name (the list the agent reports in Hello). Empty: read
+	// once from the kernel (IPVS.Schedulers) at the first Apply, and again
+	// at each Apply while that read fails (names are then only checked
+	// for shape).
+	Schedulers []string
+
 	// maxElem overrides the hash sets' maxelem in the admission (tests).
 	maxElem uint32
 }
@@ -84,7 +95,8 @@ type Stats struct {
 	// FailedResources is the number of resources currently failed.
 	FailedResources int
 	// KernelErrors are the errors of the last pass no resource owns, then
-	// those of the last drain check.
+	// those of the last drain check, then a failed read of the IPVS
+	// schedulers (Config.Schedulers).
 	KernelErrors []string
 	// Draining is the number of real servers being drained.
 	Draining int
@@ -139,6 +151,11 @@ type Reconciler struct {
 	drainAt   time.Time
 	drainErrs []string
 
+	// schedulers the kernel offers (sorted; nil: not known yet), schedErr
+	// why they could not be read.
+	schedulers []string
+	schedErr   string
+
 	wake chan struct{}
 }
 
@@ -184,7 +201,11 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Reconciler{
+	var scheds []string
+	if len(cfg.Schedulers) > 0 {
+		scheds = slices.Compact(slices.Sorted(slices.Values(cfg.Schedulers)))
+	}
+	return &Reconciler{schedulers: scheds,
 		k: k, cfg: cfg, log: log.Named("reconcile"), families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
 		store: newStore(), applied: map[string]string{}, failed: map[string]failure{}, recovered: map[string]string{},
 		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
@@ -210,13 +231,16 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 
 	inDelta := map[string]bool{}
 	var badNames []*vsplanev1.ResourceError
+	r.loadSchedulers()
+	comp := &compiler{families: r.families, schedulers: r.schedulers, defaultScheduler: prevSettings.defaultScheduler}
 	for _, res := range delta.GetResources() {
 		name := res.GetName()
-		if name == "" {
-			badNames = append(badNames, &vsplanev1.ResourceError{Version: res.GetVersion(), Message: "resource without a name"})
+		if err := checkIdentity(res); err != nil {
+			// Refused whole: nothing stored, nothing applied.
+			badNames = append(badNames, &vsplanev1.ResourceError{Name: name, Version: res.GetVersion(), Message: err.Error()})
 			continue
 		}
-		rs := compile(res, r.families).expand(r.npAddrs)
+		rs := comp.compile(res).expand(r.npAddrs)
 		_, failed := r.failed[name]
 		oldApplied := !failed && r.applied[name] != ""
 		old := r.store.put(name, rs)
@@ -354,6 +378,25 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	return ack
 }
 
+// loadSchedulers reads the schedulers the kernel offers, once (see
+// Config.Schedulers).
+func (r *Reconciler) loadSchedulers() {
+	if r.schedulers != nil {
+		return
+	}
+	list, err := r.k.IPVS.Schedulers()
+	if err != nil {
+		r.schedErr = fmt.Sprintf("list IPVS schedulers: %v (scheduler names only checked for shape)", err)
+		r.log.Warn("cannot list IPVS schedulers; scheduler names only checked for shape", zap.Error(err))
+		return
+	}
+	r.schedErr = ""
+	r.schedulers = slices.Compact(slices.Sorted(slices.Values(list)))
+	if r.schedulers == nil {
+		r.schedulers = []string{}
+	}
+}
+
 func settingsEqual(a, b settings) bool {
 	return a.defaultScheduler == b.defaultScheduler && a.timeouts == b.timeouts && a.strictARP == b.strictARP &&
 		a.masqueradeAll == b.masqueradeAll && a.masqueradeBit == b.masqueradeBit &&
@@ -474,7 +517,7 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 		}
 		msgs := append(slices.Clone(rs.problems), r.store.conflicts(rs)...)
 		msgs = append(msgs, r.refusals(rs)...)
-		msgs = append(msgs, p.errs[name]...)
+		msgs = capMessages(append(msgs, p.errs[name]...))
 		if len(msgs) == 0 {
 			r.applied[name] = rs.version
 			if _, was := r.failed[name]; was {
@@ -583,6 +626,9 @@ func (r *Reconciler) statsLocked() Stats {
 	s.RepairsByKind = maps.Clone(r.stats.RepairsByKind)
 	s.FailedResources = len(r.failed)
 	s.KernelErrors = append(slices.Clone(r.globalErrs), r.drainErrs...)
+	if r.schedErr != "" {
+		s.KernelErrors = append(s.KernelErrors, r.schedErr)
+	}
 	s.Draining = r.drainCount()
 	s.DrainOps = maps.Clone(r.stats.DrainOps)
 	s.Recovered = maps.Clone(r.recovered)

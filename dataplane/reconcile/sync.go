@@ -614,8 +614,14 @@ func (p *pass) syncIPTables(verify bool, names []string) {
 		}
 		missing, differ := rs.Check(dumps)
 		if differ || len(missing) > 0 {
+			payload := rs.Payload(missing)
+			// Last line of defence: only our chains and the fixed jumps.
+			if err := rules.CheckPayload(payload); err != nil {
+				p.fail(names, fmt.Sprintf("iptables payload (%v) refused", fam), err)
+				continue
+			}
 			p.count(OpRestore)
-			if err := p.r.k.IPTables.Restore(p.ctx, fam, rs.Payload(missing)); err != nil {
+			if err := p.r.k.IPTables.Restore(p.ctx, fam, payload); err != nil {
 				p.fail(names, fmt.Sprintf("iptables-restore (%v)", fam), err)
 				continue
 			}

@@ -44,8 +44,12 @@ var sections = []func(*builder){
 // (libxtables' xtables_save_string): bare when made only of letters,
 // digits, '_' and '-'; else in double quotes, with double quote, backslash
 // and single quote escaped by a backslash (iptables-restore reads that back
-// unescaped).
+// unescaped). Comments are this package's constants, but the quoting is
+// safe for any text: bytes outside printable ASCII (newlines included)
+// become '?', and the text is cut to xt_comment's 255 bytes, so a comment
+// is always exactly one token of one line.
 func comment(text string) string {
+	text = commentText(text)
 	bare := text != ""
 	for _, r := range text {
 		if !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
@@ -58,14 +62,26 @@ func comment(text string) string {
 	}
 	var b strings.Builder
 	b.WriteString(`-m comment --comment "`)
-	for _, r := range text {
-		if r == '"' || r == '\\' || r == '\'' {
+	for i := 0; i < len(text); i++ {
+		if c := text[i]; c == '"' || c == '\\' || c == '\'' {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(text[i])
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// commentText is text made safe for a comment match: printable ASCII,
+// at most 255 bytes (XT_MAX_COMMENT_LEN - 1).
+func commentText(text string) string {
+	b := []byte(text)
+	for i, c := range b {
+		if c < 0x20 || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	return string(b[:min(len(b), 255)])
 }
 
 func (b *builder) setName(s Set) string { return s.Name(b.in.Family) }

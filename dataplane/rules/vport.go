@@ -22,7 +22,10 @@ func (v VirtualPort) String() string {
 
 func (v VirtualPort) validate(f kernel.Family) error {
 	switch {
-	case !v.IP.IsValid() || kernel.FamilyOf(v.IP.Unmap()) != f:
+	case kernel.CheckAddr(v.IP) != nil:
+		// A zone would be written verbatim into the rule.
+		return fmt.Errorf("rules: load balancer address %q: %w", v.IP.String(), kernel.CheckAddr(v.IP))
+	case kernel.FamilyOf(v.IP.Unmap()) != f:
 		return fmt.Errorf("rules: load balancer address %v is not %v: %w", v.IP, f, kernel.ErrInvalid)
 	case v.Port == 0:
 		return fmt.Errorf("rules: load balancer %v has port 0: %w", v.IP, kernel.ErrInvalid)

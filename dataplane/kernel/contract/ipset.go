@@ -193,6 +193,8 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		createSet(t, s, set)
 		bm := kernel.IPSet{Name: uniqueName("VSPT-BADBM-"), Type: kernel.BitmapPort, PortFrom: 30000, PortTo: 32767}
 		createSet(t, s, bm)
+		set6 := kernel.IPSet{Name: uniqueName("VSPT-BADE6-"), Type: kernel.HashIPPort, Family: kernel.FamilyIPv6}
+		createSet(t, s, set6)
 		for _, c := range []struct {
 			set kernel.IPSet
 			e   kernel.Entry
@@ -203,11 +205,13 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 			{bm, kernel.Entry{Port: 80}},                                                 // out of range
 			{bm, kernel.Entry{Port: 30001, Protocol: kernel.ProtocolTCP}},                // protocol on bitmap
 			{set, kernel.Entry{IP: testAddr4(), Protocol: kernel.ProtocolTCP, Port: 1, Net: netip.MustParsePrefix("198.19.0.0/24")}},
+			{set6, kernel.Entry{IP: testAddr6().WithZone("eth0"), Protocol: kernel.ProtocolTCP, Port: 80}}, // IPv6 zone
 		} {
 			wantErr(t, s.AddEntry(c.set, c.e), kernel.ErrInvalid, fmt.Sprintf("add %+v to %s", c.e, c.set.Type))
 		}
 		wantEntries(t, s, set, nil)
 		wantEntries(t, s, bm, nil)
+		wantEntries(t, s, set6, nil)
 	})
 
 	t.Run("ManyEntries", func(t *testing.T) {

@@ -205,6 +205,7 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 			{Key: kernel.FWMarkKey(kernel.FamilyUnspecified, 5), Scheduler: "rr"},
 			{Key: key, Scheduler: "rr", Netmask: 33},
 			{Key: key, Scheduler: "rr", Flags: 0x8000},
+			{Key: kernel.AddrKey(testAddr6().WithZone("eth0"), kernel.ProtocolTCP, 80), Scheduler: "rr"},
 		}
 		for i, vs := range bad {
 			wantErr(t, v.AddVirtualServer(vs), kernel.ErrInvalid, fmt.Sprintf("bad server %d %+v", i, vs))
@@ -212,6 +213,10 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		addVS(t, v, kernel.VirtualServer{Key: key, Scheduler: "rr"})
 		wantErr(t, v.AddDestination(key, kernel.Destination{Address: testAddr6(), Port: 80, Weight: 1}), kernel.ErrInvalid, "v6 destination on v4 server")
 		wantErr(t, v.AddDestination(key, kernel.Destination{Address: testAddr4(), Port: 80, Weight: -1}), kernel.ErrInvalid, "negative weight")
+		key6 := kernel.AddrKey(testAddr6(), kernel.ProtocolTCP, 80)
+		addVS(t, v, kernel.VirtualServer{Key: key6, Scheduler: "rr"})
+		wantErr(t, v.AddDestination(key6, kernel.Destination{Address: testAddr6().WithZone("eth0"), Port: 80, Weight: 1}), kernel.ErrInvalid, "zoned destination")
+		wantDests(t, v, key6, nil)
 		wantDests(t, v, key, nil)
 	})
 

@@ -92,6 +92,9 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		dev := ensureDummy(t, l)
 		_, err = l.BindAddress(dev, netip.Addr{})
 		wantErr(t, err, kernel.ErrInvalid, "bind zero address")
+		_, err = l.BindAddress(dev, testAddr6().WithZone("eth0"))
+		wantErr(t, err, kernel.ErrInvalid, "bind zoned address")
+		wantErr(t, l.UnbindAddress(dev, testAddr6().WithZone("eth0")), kernel.ErrInvalid, "unbind zoned address")
 	})
 }
 

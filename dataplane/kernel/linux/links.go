@@ -146,8 +146,8 @@ func (l *Links) BindAddress(dev string, addr netip.Addr) (bool, error) {
 	if err := validDev(dev); err != nil {
 		return false, err
 	}
-	if !addr.IsValid() {
-		return false, fmt.Errorf("links: bind to %s: invalid address: %w", dev, kernel.ErrInvalid)
+	if err := kernel.CheckAddr(addr); err != nil {
+		return false, fmt.Errorf("links: bind to %s: %w", dev, err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -171,8 +171,8 @@ func (l *Links) UnbindAddress(dev string, addr netip.Addr) error {
 	if err := validDev(dev); err != nil {
 		return err
 	}
-	if !addr.IsValid() {
-		return fmt.Errorf("links: unbind from %s: invalid address: %w", dev, kernel.ErrInvalid)
+	if err := kernel.CheckAddr(addr); err != nil {
+		return fmt.Errorf("links: unbind from %s: %w", dev, err)
 	}
 	addr = addr.Unmap()
 	l.mu.Lock()

@@ -60,8 +60,8 @@ func validDev(name string) error {
 }
 
 func validBindAddr(a netip.Addr) error {
-	if !a.IsValid() {
-		return fmt.Errorf("bind address: invalid address: %w", kernel.ErrInvalid)
+	if err := kernel.CheckAddr(a); err != nil {
+		return fmt.Errorf("bind address: %w", err)
 	}
 	return nil
 }
