@@ -6,6 +6,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -41,6 +42,15 @@ type Config struct {
 	Kube kubernetes.Interface
 	// GRPCListener serves the agent stream, inspection, health and reflection.
 	GRPCListener net.Listener
+	// TLS serves GRPCListener with TLS (internal/tlsfiles). Nil serves
+	// plaintext, which New allows only on a loopback listener.
+	TLS *tls.Config
+	// AgentAuth returns the node an agent stream's credentials belong to
+	// (auth.Agents.Node); InspectAuth authorizes inspection calls
+	// (auth.Inspectors.Authorize). Nil disables each, which New allows only
+	// on a loopback listener.
+	AgentAuth   func(ctx context.Context) (node string, err error)
+	InspectAuth func(ctx context.Context) error
 	// MetricsListener, if set, serves /metrics.
 	MetricsListener net.Listener
 	// Watch tunes the bounded-frequency recomputation (min/max interval).
@@ -95,6 +105,9 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.Kube == nil || cfg.GRPCListener == nil {
 		return nil, errors.New("controlplane: Kube client and GRPCListener are required")
 	}
+	if (cfg.TLS == nil || cfg.AgentAuth == nil || cfg.InspectAuth == nil) && !isLoopback(cfg.GRPCListener.Addr()) {
+		return nil, fmt.Errorf("controlplane: %s is not a loopback address: TLS, agent authentication and inspection authorization are required there", cfg.GRPCListener.Addr())
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -116,6 +129,9 @@ func New(cfg Config) (*Replica, error) {
 	ready := make(chan struct{})
 	sopts := cfg.Stream
 	sopts.Ready = ready
+	if cfg.AgentAuth != nil {
+		sopts.Authenticate = cfg.AgentAuth
+	}
 	if sopts.Logger == nil {
 		sopts.Logger = log.Named("stream")
 	}
@@ -143,7 +159,8 @@ func New(cfg Config) (*Replica, error) {
 	insp := inspect.NewServer(icfg)
 	// NOT_SERVING (readiness probe) until the first full computation.
 	gs, err := grpcserver.New(grpcserver.Options{Logger: log, Registerer: reg, StartNotServing: true,
-		MaxConnectionAge: cfg.MaxConnectionAge, MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace},
+		MaxConnectionAge: cfg.MaxConnectionAge, MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace,
+		TLS: cfg.TLS, Authorize: inspectionOnly(cfg.InspectAuth)},
 		func(r grpc.ServiceRegistrar) {
 			vsplanev1.RegisterAgentServiceServer(r, streams)
 			vsplanev1.RegisterInspectServiceServer(r, insp)
@@ -168,6 +185,31 @@ func New(cfg Config) (*Replica, error) {
 		return nil, fmt.Errorf("controlplane: watch: %w", err)
 	}
 	return r, nil
+}
+
+// inspectionOnly applies authorize to InspectService calls; agent streams
+// authenticate in the stream server (the node comes from the token).
+func inspectionOnly(authorize func(context.Context) error) func(context.Context, string) error {
+	if authorize == nil {
+		return nil
+	}
+	prefix := "/" + vsplanev1.InspectService_ServiceDesc.ServiceName + "/"
+	return func(ctx context.Context, method string) error {
+		if strings.HasPrefix(method, prefix) {
+			return authorize(ctx)
+		}
+		return nil
+	}
+}
+
+// isLoopback reports whether a listener's address is a loopback one (or a
+// Unix socket).
+func isLoopback(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.Network() == "unix"
+	}
+	return tcp.IP.IsLoopback()
 }
 
 // Ready is closed once the replica serves: its informers synced and its

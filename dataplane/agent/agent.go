@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/dataplane/client"
@@ -32,6 +34,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
 	dpmetrics "github.com/vsplane/vsplane/dataplane/metrics"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/internal/bearer"
 	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -45,6 +48,13 @@ type Config struct {
 	// ControlPlane lists the control-plane replicas' gRPC addresses
 	// (host:port, comma-separated); every reconnect tries another one.
 	ControlPlane string
+	// TLS verifies the control plane (internal/tlsfiles.Client); nil means
+	// plaintext, which New allows only when every control-plane address is
+	// a loopback one (local development, in-process tests).
+	TLS *tls.Config
+	// TokenFile holds the agent's projected ServiceAccount token (audience
+	// "vsplane"), re-read at every (re)connect; requires TLS.
+	TokenFile string
 	// FirstDeltaTimeout, MaxRemovalShare and RemovalConfirmation are passed
 	// to the client (zero: its defaults).
 	FirstDeltaTimeout   time.Duration
@@ -183,7 +193,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			targets = append(targets, t)
 		}
 	}
-	a.Client, err = client.New(client.Config{
+	ccfg := client.Config{
 		Targets:      targets,
 		NodeName:     cfg.NodeName,
 		AgentVersion: Version,
@@ -202,11 +212,39 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			a.Metrics.RemovalHeld(h)
 			a.statusNow()
 		},
-	})
-	if err != nil {
+	}
+	if cfg.TLS != nil {
+		ccfg.Credentials = credentials.NewTLS(cfg.TLS)
+	} else if bad := nonLoopback(targets); len(bad) > 0 {
+		return nil, fmt.Errorf("agent: control plane %v is not on loopback: TLS (a CA to verify it) is required", bad)
+	}
+	if cfg.TokenFile != "" {
+		if cfg.TLS == nil {
+			return nil, errors.New("agent: the token is only sent over TLS")
+		}
+		ccfg.Token = bearer.File{Path: cfg.TokenFile}
+	}
+	if a.Client, err = client.New(ccfg); err != nil {
 		return nil, fmt.Errorf("agent: client: %w", err)
 	}
 	return a, nil
+}
+
+// nonLoopback returns the targets whose host is not a loopback address.
+func nonLoopback(targets []string) []string {
+	var bad []string
+	for _, t := range targets {
+		host, _, err := net.SplitHostPort(t)
+		if err != nil {
+			bad = append(bad, t)
+			continue
+		}
+		ip, err := netip.ParseAddr(host)
+		if host != "localhost" && (err != nil || !ip.IsLoopback()) {
+			bad = append(bad, t)
+		}
+	}
+	return bad
 }
 
 // NewLinuxKernel opens every kernel subsystem of the caller's network

@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -77,7 +78,12 @@ type Config struct {
 	// MaxRecvMsgSize bounds one received Delta; 0 means DefaultMaxRecvMsgSize.
 	// The first Delta carries a node's whole state.
 	MaxRecvMsgSize int
-	// DialOptions are appended to the defaults (insecure credentials,
+	// Credentials secure the connection (TLS); nil means plaintext.
+	Credentials credentials.TransportCredentials
+	// Token, if set, is sent with every stream (the agent's projected
+	// ServiceAccount token, see internal/bearer); it requires Credentials.
+	Token credentials.PerRPCCredentials
+	// DialOptions are appended to the defaults (Credentials, Token,
 	// keepalive, connect backoff bounded by BackoffMax).
 	DialOptions []grpc.DialOption
 	// OnStreamEnd, if set, is called after each stream ends (tests, metrics).
@@ -146,6 +152,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RemovalConfirmation <= 0 {
 		cfg.RemovalConfirmation = DefaultRemovalConfirmation
 	}
+	if cfg.Token != nil && cfg.Token.RequireTransportSecurity() && cfg.Credentials == nil {
+		return nil, errors.New("client: a token is only sent over TLS; Credentials are required")
+	}
 	if cfg.BackoffMax < cfg.BackoffBase {
 		return nil, fmt.Errorf("client: BackoffMax %v < BackoffBase %v", cfg.BackoffMax, cfg.BackoffBase)
 	}
@@ -176,8 +185,12 @@ func (c *Client) SetStatus(st *vsplanev1.AgentStatus) {
 // Run connects and serves streams until ctx ends; it returns nil then, or an
 // error only if a connection cannot be set up at all (bad target).
 func (c *Client) Run(ctx context.Context) error {
+	creds := c.cfg.Credentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxRecvMsgSize)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time: 30 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: true,
@@ -190,6 +203,9 @@ func (c *Client) Run(ctx context.Context) error {
 			},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+	}
+	if c.cfg.Token != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(c.cfg.Token))
 	}
 	opts = append(opts, c.cfg.DialOptions...)
 	apis := make([]vsplanev1.AgentServiceClient, len(c.cfg.Targets))

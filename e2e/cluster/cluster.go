@@ -17,8 +17,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,6 +33,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
 	"github.com/vsplane/vsplane/e2e/vm"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // ServePort is the port every pod's e2ehelper serves on, TCP and UDP.
@@ -69,6 +72,13 @@ type Options struct {
 	Translate translate.Config
 	// Binaries are extra static host executables put in the guest's /usr/local/bin.
 	Binaries []string
+	// Replicas > 0 runs that many control-plane replicas as separate host
+	// processes (vsplane-controlplane, built for the test) instead of one
+	// in-process replica, each on its own port the guest reaches through
+	// guestfwd; agents get all of them in --controlplane. ReplicaArgs are
+	// extra flags for every replica.
+	Replicas    int
+	ReplicaArgs []string
 	// Kube configures etcd + kube-apiserver.
 	Kube kubeenv.Options
 	// VMBootTimeout bounds the guest build and boot (default 5 minutes: TCG on a busy host).
@@ -80,9 +90,14 @@ type Options struct {
 // Cluster is a running cluster. Its methods are safe for concurrent use
 // unless they say otherwise; Stop tears everything down.
 type Cluster struct {
-	Env     *kubeenv.Env
-	Kube    kubernetes.Interface
+	Env  *kubeenv.Env
+	Kube kubernetes.Interface
+	// Replica is the in-process replica (nil with Options.Replicas).
 	Replica *app.Replica
+	// ReplicaProcs are the replica processes of Options.Replicas.
+	ReplicaProcs []*ReplicaProc
+	replicaDir   string
+	replicaBin   string
 	// CPAddr is the control plane's host address, 127.0.0.1:CPPort.
 	CPAddr string
 	CPPort int
@@ -163,11 +178,58 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
+	var fwd []int
+	if opts.Replicas > 0 {
+		if err := c.startReplicaProcs(ctx, opts.Replicas); err != nil {
+			return nil, err
+		}
+		for _, r := range c.ReplicaProcs {
+			fwd = append(fwd, r.Port)
+		}
+	} else {
+		if err := c.startReplica(opts, log); err != nil {
+			return nil, err
+		}
+		fwd = []int{c.CPPort}
+	}
+
+	bctx, cancel := context.WithTimeout(ctx, opts.VMBootTimeout)
+	defer cancel()
+	c.VM, err = vm.Boot(bctx, vm.Options{
+		GuestFwdPorts: fwd,
+		GoPackages:    append([]string{AgentPackage}, opts.GoPackages...),
+		Binaries:      opts.Binaries,
+		BootTimeout:   opts.VMBootTimeout,
+		Log:           log.Named("vm"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boot VM: %w", err)
+	}
+	log.Info("VM up", zap.Duration("build", c.VM.BuildTime), zap.Duration("boot", c.VM.BootTime))
+
+	if err := c.buildTopology(ctx); err != nil {
+		return nil, err
+	}
+	for _, r := range c.ReplicaProcs {
+		if err := r.AwaitServing(ctx, 2*time.Minute); err != nil {
+			return nil, fmt.Errorf("%w\n%s", err, r.LogTail(20))
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := c.StartAgent(ctx, n.Name); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// startReplica runs the in-process control-plane replica.
+func (c *Cluster) startReplica(opts Options, log *zap.Logger) error {
 	// The listener is handed to the replica as is: no window in which another
 	// process could take the port.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.CPAddr = ln.Addr().String()
 	c.CPPort = ln.Addr().(*net.TCPAddr).Port
@@ -184,36 +246,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	})
 	if err != nil {
 		ln.Close()
-		return nil, err
+		return err
 	}
 	cpCtx, cpCancel := context.WithCancel(context.Background())
 	c.cpCancel, c.cpDone = cpCancel, make(chan error, 1)
 	go func() { c.cpDone <- c.Replica.Run(cpCtx) }()
 	log.Info("control plane serving", zap.String("addr", c.CPAddr))
-
-	bctx, cancel := context.WithTimeout(ctx, opts.VMBootTimeout)
-	defer cancel()
-	c.VM, err = vm.Boot(bctx, vm.Options{
-		GuestFwdPorts: []int{c.CPPort},
-		GoPackages:    append([]string{AgentPackage}, opts.GoPackages...),
-		Binaries:      opts.Binaries,
-		BootTimeout:   opts.VMBootTimeout,
-		Log:           log.Named("vm"),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("boot VM: %w", err)
-	}
-	log.Info("VM up", zap.Duration("build", c.VM.BuildTime), zap.Duration("boot", c.VM.BootTime))
-
-	if err := c.buildTopology(ctx); err != nil {
-		return nil, err
-	}
-	for _, n := range c.Nodes {
-		if err := c.StartAgent(ctx, n.Name); err != nil {
-			return nil, err
-		}
-	}
-	return c, nil
+	return nil
 }
 
 func (c *Cluster) buildTopology(ctx context.Context) error {
@@ -328,8 +367,8 @@ func (c *Cluster) AgentCommand(node string) string {
 		extra = "--ipv6 " + extra
 	}
 	c.mu.Unlock()
-	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s:%[3]d --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[4]s --metrics-address '' %[5]s",
-		node, vm.HostLoopIP, c.CPPort, c.opts.ReconcilePeriod, extra)
+	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[3]s --metrics-address 127.0.0.1:10249 %[4]s",
+		node, c.agentTargets(), c.opts.ReconcilePeriod, extra)
 }
 
 // SetAgentArgs replaces the extra agent flags (Options.AgentArgs) for
@@ -430,6 +469,14 @@ func (c *Cluster) Stop() error {
 			}
 			c.VM.Stop()
 		}
+		for _, r := range c.ReplicaProcs {
+			if err := r.Signal(syscall.SIGKILL); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if c.replicaDir != "" {
+			_ = os.RemoveAll(c.replicaDir)
+		}
 		if c.cpCancel != nil {
 			c.cpCancel()
 			select {
@@ -499,15 +546,28 @@ func (c *Cluster) AwaitServing(ctx context.Context, node, vip string, port int32
 // AwaitAcked waits (bounded by timeout) until every node's agent is
 // connected to the control plane and has acknowledged all its resources.
 func (c *Cluster) AwaitAcked(ctx context.Context, timeout time.Duration) error {
-	return Await(ctx, timeout, 200*time.Millisecond, func(context.Context) error {
-		reg := c.Replica.Streams.Registry()
+	return Await(ctx, timeout, 200*time.Millisecond, func(ctx context.Context) error {
+		agents := map[string]*vsplanev1.AgentInfo{}
+		if c.Replica != nil {
+			for _, a := range c.Replica.Streams.Registry().ListAgents() {
+				agents[a.GetNodeName()] = a
+			}
+		} else {
+			resp, err := c.Inspect(ctx)
+			if err != nil {
+				return err
+			}
+			for _, a := range resp.GetAgents() {
+				agents[a.GetNodeName()] = a
+			}
+		}
 		for _, n := range c.Nodes {
-			a, ok := reg.Agent(n.Name)
+			a, ok := agents[n.Name]
 			if !ok {
 				return fmt.Errorf("agent %s not connected", n.Name)
 			}
-			if p := a.GetPendingResources(); p != 0 {
-				return fmt.Errorf("agent %s has %d resources not acknowledged", n.Name, p)
+			if p := a.GetPendingResources(); p != 0 || a.GetLastAck() == nil {
+				return fmt.Errorf("agent %s has %d resources not acknowledged (acked once: %v)", n.Name, p, a.GetLastAck() != nil)
 			}
 		}
 		return nil

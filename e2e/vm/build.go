@@ -100,3 +100,18 @@ func buildInitramfs(ctx context.Context, root, cacheDir, out string, bins []stri
 	}
 	return nil
 }
+
+// BuildStatic builds static binaries of the vsplane packages pkgs (./relative
+// to the repository root) into dir and returns their paths: for host
+// processes of a test (control-plane replicas), built like the guest's.
+func BuildStatic(ctx context.Context, dir string, pkgs ...string) ([]string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	root, err := FindRepoRoot(wd)
+	if err != nil {
+		return nil, err
+	}
+	return goBuild(ctx, root, dir, pkgs)
+}

@@ -7,9 +7,11 @@ package grpcserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -21,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -53,6 +56,13 @@ type Options struct {
 	// agents then reconnect, to any replica, so they spread again after a
 	// rollout.
 	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+	// TLS, if set, serves TLS with it (see internal/tlsfiles); nil serves
+	// plaintext (the caller decides where that is allowed).
+	TLS *tls.Config
+	// Authorize, if set, is called before every call of the registered
+	// services (not health checks, not reflection, which reveals only the
+	// API's shape); an error (a gRPC status) ends the call with it.
+	Authorize func(ctx context.Context, fullMethod string) error
 	// StartNotServing makes the health service report NOT_SERVING (overall
 	// and per service) until SetServing(true): for servers that must finish
 	// some work before they can answer (a control-plane replica's first full
@@ -161,6 +171,27 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		recovery.UnaryServerInterceptor(recoveryOpt))
 	streams = append(streams, selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, logOpts...), notHealth),
 		recovery.StreamServerInterceptor(recoveryOpt))
+	if az := opts.Authorize; az != nil {
+		// After logging, so refused calls are logged with their code.
+		unary = append(unary, func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if open(info.FullMethod) {
+				return h(ctx, req)
+			}
+			if err := az(ctx, info.FullMethod); err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		})
+		streams = append(streams, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if open(info.FullMethod) {
+				return h(srv, ss)
+			}
+			if err := az(ss.Context(), info.FullMethod); err != nil {
+				return err
+			}
+			return h(srv, ss)
+		})
+	}
 
 	maxRecv := opts.MaxRecvMsgSize
 	if maxRecv <= 0 {
@@ -173,6 +204,9 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		grpc.ChainStreamInterceptor(streams...),
 		grpc.KeepaliveParams(kp),
 		grpc.KeepaliveEnforcementPolicy(kep),
+	}
+	if opts.TLS != nil {
+		so = append(so, grpc.Creds(credentials.NewTLS(opts.TLS)))
 	}
 	so = append(so, opts.ServerOptions...)
 	gs := grpc.NewServer(so...)
@@ -205,6 +239,13 @@ func (s *Server) SetServing(serving bool) {
 	for name := range s.Server.GetServiceInfo() {
 		s.Health.SetServingStatus(name, st)
 	}
+}
+
+// open reports whether a method needs no authorization: health checks
+// (probes) and reflection (the API's shape, no data).
+func open(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/") ||
+		strings.HasPrefix(fullMethod, "/grpc.reflection.")
 }
 
 // Stop marks the server NOT_SERVING, then stops gracefully, forcing after

@@ -76,3 +76,8 @@ func KnownOp(kind string) string {
 	}
 	return OpOther
 }
+
+// DefaultServerName is the name in the control plane's TLS certificate that
+// agents (and peer replicas) verify, whatever address they dial: the DNS
+// name of the control plane's Service in deploy/.
+const DefaultServerName = "vsplane-controlplane.vsplane-system.svc"

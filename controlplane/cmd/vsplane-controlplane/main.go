@@ -16,14 +16,19 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vsplane/vsplane/controlplane/app"
+	"github.com/vsplane/vsplane/controlplane/auth"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
+	"github.com/vsplane/vsplane/internal/bearer"
+	"github.com/vsplane/vsplane/internal/tlsfiles"
 	"github.com/vsplane/vsplane/internal/wire"
 )
 
@@ -53,6 +58,13 @@ func run() error {
 		npAddrs       = flag.String("nodeport-addresses", "", "comma-separated CIDRs selecting NodePort addresses (empty: all)")
 		agentPeriod   = flag.Duration("agent-reconcile-period", 0, "agents' full-reconcile period; 0 keeps each agent's flag")
 		qps           = flag.Float64("kube-api-qps", 50, "API server client QPS")
+		tlsCert       = flag.String("tls-cert-file", "/etc/vsplane/tls/tls.crt", "serving certificate (PEM) of the gRPC listener; reloaded when it changes")
+		tlsKey        = flag.String("tls-key-file", "/etc/vsplane/tls/tls.key", "its private key (PEM)")
+		tlsCA         = flag.String("tls-ca-file", "/etc/vsplane/tls/ca.crt", "CA bundle (PEM) to verify peer replicas with")
+		tlsName       = flag.String("tls-server-name", wire.DefaultServerName, "name in the replicas' certificate, verified when calling peers")
+		peerToken     = flag.String("peer-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token", "token this replica presents to its peers (needs get inspection.vsplane.io)")
+		agentSA       = flag.String("agent-service-account", "vsplane-system/vsplane-agent", "comma-separated namespace/name of the ServiceAccounts agents run as")
+		insecure      = flag.Bool("insecure-plaintext", false, "local development only: no TLS, no agent authentication, no inspection authorization; --listen must be a loopback address")
 		advertise     = flag.String("advertise-address", "", "this replica's gRPC address as the other replicas reach it (default: $POD_IP and the --listen port)")
 		peerList      = flag.String("peers", "", "comma-separated gRPC addresses of the other replicas (static; see --peer-service)")
 		peerService   = flag.String("peer-service", "", "namespace/name of a Service whose EndpointSlices (port \"grpc\") list the replicas, for the fleet-wide inspection view")
@@ -143,6 +155,36 @@ func run() error {
 	if cfg.Advertise == "" && os.Getenv("POD_IP") != "" {
 		_, port, _ := net.SplitHostPort(grpcLn.Addr().String())
 		cfg.Advertise = net.JoinHostPort(os.Getenv("POD_IP"), port)
+	}
+	if *insecure {
+		log.Warn("--insecure-plaintext: no TLS and no authentication; loopback only")
+	} else {
+		srv, err := tlsfiles.NewServer(*tlsCert, *tlsKey)
+		if err != nil {
+			return fmt.Errorf("%w (or --insecure-plaintext for local development)", err)
+		}
+		cfg.TLS = srv.Config()
+		var accounts []string
+		for _, sa := range strings.Split(*agentSA, ",") {
+			if sa = strings.TrimSpace(sa); sa != "" {
+				if strings.Count(sa, "/") != 1 {
+					return fmt.Errorf("--agent-service-account %q: want namespace/name", sa)
+				}
+				accounts = append(accounts, sa)
+			}
+		}
+		cfg.AgentAuth = auth.NewAgents(kube, accounts...).Node
+		cfg.InspectAuth = auth.NewInspectors(kube).Authorize
+		if len(cfg.Peers) > 0 || cfg.PeerService != "" {
+			cli, err := tlsfiles.NewClient(*tlsCA, *tlsName)
+			if err != nil {
+				return fmt.Errorf("peers: %w", err)
+			}
+			cfg.PeerDialOptions = []grpc.DialOption{
+				grpc.WithTransportCredentials(credentials.NewTLS(cli.Config())),
+				grpc.WithPerRPCCredentials(bearer.File{Path: *peerToken}),
+			}
+		}
 	}
 	replica, err := app.New(cfg)
 	if err != nil {

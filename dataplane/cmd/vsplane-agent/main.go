@@ -19,6 +19,8 @@ import (
 	"github.com/vsplane/vsplane/dataplane/inspect"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/internal/tlsfiles"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 func main() {
@@ -31,6 +33,10 @@ func main() {
 func run() error {
 	var (
 		controlPlane = flag.String("controlplane", "", "control-plane replicas' gRPC addresses (host:port, comma-separated); every reconnect tries another one")
+		tlsCA        = flag.String("tls-ca-file", "/etc/vsplane/tls/ca.crt", "CA bundle (PEM) that signed the control plane's certificate; reloaded when it changes")
+		tlsName      = flag.String("tls-server-name", wire.DefaultServerName, "name to verify in the control plane's certificate, whatever address is dialled")
+		tokenFile    = flag.String("token-file", "/var/run/secrets/vsplane/token", "projected ServiceAccount token (audience \"vsplane\"), re-read at every reconnect")
+		insecure     = flag.Bool("insecure-plaintext", false, "local development only: no TLS and no token; every --controlplane address must be on loopback")
 		firstDelta   = flag.Duration("first-delta-timeout", 30*time.Second, "try another control-plane replica when one sends no first Delta within this time (it is still computing its first full state)")
 		removalShare = flag.Float64("max-removal-share", 0.5, "hold a first Delta after (re)connect that would remove more than this share of the node's Services until the control plane confirms it (1 disables)")
 		removalWait  = flag.Duration("removal-confirmation", 30*time.Second, "how long such a Delta is held before the agent asks the control plane again and applies it if it still says the same")
@@ -85,6 +91,13 @@ func run() error {
 		StateDir:             *stateDir,
 		Logger:               log,
 		HealthCheckNodePorts: *healthPorts,
+	}
+	if !*insecure {
+		cli, err := tlsfiles.NewClient(*tlsCA, *tlsName)
+		if err != nil {
+			return fmt.Errorf("%w (or --insecure-plaintext for local development)", err)
+		}
+		cfg.TLS, cfg.TokenFile = cli.Config(), *tokenFile
 	}
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
