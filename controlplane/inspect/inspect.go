@@ -1,12 +1,14 @@
 // Package inspect implements vsplane.v1.InspectService, the read-only view of
-// a control-plane replica meant for grpcurl (the server registers reflection):
+// the control plane meant for grpcurl (the server registers reflection; calls
+// need a bearer token allowed to get inspection.vsplane.io, see package auth):
 //
-//	grpcurl -plaintext $CP list vsplane.v1.InspectService
-//	grpcurl -plaintext $CP vsplane.v1.InspectService/ListAgents
-//	grpcurl -plaintext -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/GetNodeSnapshot
-//	grpcurl -plaintext -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/GetNodeStatus
-//	grpcurl -plaintext -d '{"node_name":"n1","namespace":"default","name":"web"}' $CP vsplane.v1.InspectService/ExplainService
-//	grpcurl -plaintext -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/WatchDeltas
+//	G="grpcurl -cacert ca.crt -servername vsplane-controlplane.vsplane-system.svc -H 'authorization: Bearer ...'"
+//	$G $CP list vsplane.v1.InspectService
+//	$G $CP vsplane.v1.InspectService/ListAgents
+//	$G -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/GetNodeSnapshot
+//	$G -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/GetNodeStatus
+//	$G -d '{"node_name":"n1","namespace":"default","name":"web"}' $CP vsplane.v1.InspectService/ExplainService
+//	$G -d '{"node_name":"n1"}' $CP vsplane.v1.InspectService/WatchDeltas
 //
 // Unknown nodes and Services give NotFound, malformed requests
 // InvalidArgument. No call changes state.

@@ -303,7 +303,7 @@ func TestListen(t *testing.T) {
 	if err := os.WriteFile(file, []byte("keep"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []string{"unix://relative.sock", "nonsense", "unix://" + dir, "unix://" + file} {
+	for _, bad := range []string{"unix://relative.sock", "nonsense", "unix://" + dir, "unix://" + file, "0.0.0.0:0", ":0", "198.18.0.1:10263"} {
 		if l, err := Listen(bad); err == nil {
 			_ = l.Close()
 			t.Errorf("Listen(%q) succeeded", bad)

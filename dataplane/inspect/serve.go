@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,8 +34,14 @@ const unixPrefix = "unix://"
 // accessible to its owner only (0600), since the endpoint has no auth.
 func Listen(addr string) (net.Listener, error) {
 	if !strings.HasPrefix(addr, unixPrefix) {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
 			return nil, fmt.Errorf("inspect address %q: want host:port or unix:///path: %w", addr, err)
+		}
+		// The agent's inspection has no authentication: it stays on the
+		// node (hostNetwork agents would otherwise expose it to the network).
+		if ip, err := netip.ParseAddr(host); host != "localhost" && (err != nil || !ip.IsLoopback()) {
+			return nil, fmt.Errorf("inspect address %q: must be a loopback address or unix:///path (it has no authentication)", addr)
 		}
 		return net.Listen("tcp", addr)
 	}

@@ -29,10 +29,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/app"
+	"github.com/vsplane/vsplane/controlplane/auth"
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
 	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/internal/tlsfiles"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -96,8 +98,11 @@ type Cluster struct {
 	Replica *app.Replica
 	// ReplicaProcs are the replica processes of Options.Replicas.
 	ReplicaProcs []*ReplicaProc
-	replicaDir   string
-	replicaBin   string
+	// Sec is the cluster's CA, certificates and tokens (always TLS and
+	// token authentication, as in a real deployment).
+	Sec        *Security
+	replicaDir string
+	replicaBin string
 	// CPAddr is the control plane's host address, 127.0.0.1:CPPort.
 	CPAddr string
 	CPPort int
@@ -178,6 +183,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
+	if err := c.setupSecurity(ctx); err != nil {
+		return nil, fmt.Errorf("TLS and tokens: %w", err)
+	}
 	var fwd []int
 	if opts.Replicas > 0 {
 		if err := c.startReplicaProcs(ctx, opts.Replicas); err != nil {
@@ -233,9 +241,17 @@ func (c *Cluster) startReplica(opts Options, log *zap.Logger) error {
 	}
 	c.CPAddr = ln.Addr().String()
 	c.CPPort = ln.Addr().(*net.TCPAddr).Port
+	srv, err := tlsfiles.NewServer(c.Sec.Files.Cert, c.Sec.Files.Key)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	c.Replica, err = app.New(app.Config{
 		Kube:         c.Kube,
 		GRPCListener: ln,
+		TLS:          srv.Config(),
+		AgentAuth:    auth.NewAgents(c.Kube, SystemNamespace+"/"+AgentServiceAccount).Node,
+		InspectAuth:  auth.NewInspectors(c.Kube).Authorize,
 		Watch:        watch.Options{MinInterval: 50 * time.Millisecond},
 		// The pod CIDRs are the cluster CIDRs: traffic from the client (a node-
 		// network address) to a ClusterIP is then masqueraded like kube-proxy
@@ -367,8 +383,8 @@ func (c *Cluster) AgentCommand(node string) string {
 		extra = "--ipv6 " + extra
 	}
 	c.mu.Unlock()
-	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[3]s --metrics-address 127.0.0.1:10249 %[4]s",
-		node, c.agentTargets(), c.opts.ReconcilePeriod, extra)
+	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[3]s --metrics-address 127.0.0.1:10249 %[4]s %[5]s",
+		node, c.agentTargets(), c.opts.ReconcilePeriod, agentSecurityArgs(node), extra)
 }
 
 // SetAgentArgs replaces the extra agent flags (Options.AgentArgs) for
@@ -394,6 +410,9 @@ func (c *Cluster) StartAgent(ctx context.Context, node string) error {
 	c.starts[node]++
 	name := fmt.Sprintf("agent-%s-%d", node, c.starts[node])
 	c.mu.Unlock()
+	if err := c.provisionAgent(ctx, node); err != nil {
+		return fmt.Errorf("credentials of the agent on %s: %w", node, err)
+	}
 	// "ip netns exec" rather than setns alone: the agent then sees the node's
 	// own /sys (kube-ipvs0 and friends).
 	proc, err := c.VM.Start(ctx, name, n.Wrap(c.AgentCommand(node)))
@@ -476,6 +495,9 @@ func (c *Cluster) Stop() error {
 		}
 		if c.replicaDir != "" {
 			_ = os.RemoveAll(c.replicaDir)
+		}
+		if c.Sec != nil {
+			_ = os.RemoveAll(c.Sec.Dir)
 		}
 		if c.cpCancel != nil {
 			c.cpCancel()

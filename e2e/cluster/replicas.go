@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/vsplane/vsplane/e2e/vm"
@@ -89,6 +87,8 @@ func (c *Cluster) replicaArgs(r *ReplicaProc) []string {
 		"--peers", strings.Join(peers, ","),
 		"--metrics-address", "",
 		"--min-sync-interval", "50ms",
+		"--tls-cert-file", r.c.Sec.Files.Cert, "--tls-key-file", r.c.Sec.Files.Key, "--tls-ca-file", r.c.Sec.Files.CA,
+		"--peer-token-file", r.c.Sec.TokenFile,
 		"--cluster-cidr", strings.Join(cidrs, ","),
 	}
 	return append(args, c.opts.ReplicaArgs...)
@@ -171,7 +171,7 @@ func (r *ReplicaProc) Running() bool {
 
 // Health returns the replica's gRPC health status.
 func (r *ReplicaProc) Health(ctx context.Context) (healthpb.HealthCheckResponse_ServingStatus, error) {
-	conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := r.c.DialControlPlane(r.Addr)
 	if err != nil {
 		return 0, err
 	}
@@ -218,7 +218,7 @@ func (c *Cluster) Inspect(ctx context.Context) (*vsplanev1.ListAgentsResponse, e
 		if !r.Running() {
 			continue
 		}
-		conn, err := grpc.NewClient(r.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := c.DialControlPlane(r.Addr)
 		if err != nil {
 			return nil, err
 		}

@@ -97,7 +97,13 @@ func startKube(t *testing.T, nodes ...string) (kubernetes.Interface, context.Con
 // startKubeEnv is startKube that also returns the env (for more clients).
 func startKubeEnv(t *testing.T, nodes ...string) (*kubeenv.Env, kubernetes.Interface, context.Context) {
 	t.Helper()
-	env := kubeenv.StartForTest(t)
+	return startKubeWith(t, kubeenv.Options{}, nodes...)
+}
+
+// startKubeWith is startKubeEnv with kubeenv options.
+func startKubeWith(t *testing.T, opts kubeenv.Options, nodes ...string) (*kubeenv.Env, kubernetes.Interface, context.Context) {
+	t.Helper()
+	env := kubeenv.StartForTestWith(t, opts)
 	kube, err := kubernetes.NewForConfig(env.RESTConfig())
 	if err != nil {
 		t.Fatal(err)

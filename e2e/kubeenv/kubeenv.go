@@ -52,6 +52,10 @@ type Options struct {
 	TempDir string
 	// KeepDir keeps the per-env directory (logs, data) after Stop, for debugging.
 	KeepDir bool
+	// AuthorizationMode is --authorization-mode; default AlwaysAllow (tests
+	// of authorization use RBAC). A list flag: ExtraAPIServerFlags would
+	// add to it, not replace it.
+	AuthorizationMode string
 	// ExtraAPIServerFlags are appended to the kube-apiserver command line
 	// (later flags win).
 	ExtraAPIServerFlags []string
@@ -69,6 +73,9 @@ type Env struct {
 	Host string
 	// EtcdURL is the etcd client URL.
 	EtcdURL string
+	// ServiceAccountKey is the PEM key the apiserver signs ServiceAccount
+	// tokens with (tests forge expired tokens with it).
+	ServiceAccountKey string
 	// StartupDuration is how long Start took until /readyz answered ok.
 	StartupDuration time.Duration
 
@@ -134,6 +141,9 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	binDir, err := FindBinDir(opts.BinDir)
 	if err != nil {
 		return nil, err
+	}
+	if opts.AuthorizationMode == "" {
+		opts.AuthorizationMode = "AlwaysAllow"
 	}
 	if opts.ServiceCIDR == "" {
 		opts.ServiceCIDR = DefaultServiceCIDR
@@ -223,7 +233,7 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 		"--tls-cert-file=" + files.serverCert,
 		"--tls-private-key-file=" + files.serverKey,
 		"--client-ca-file=" + files.ca,
-		"--authorization-mode=AlwaysAllow",
+		"--authorization-mode=" + opts.AuthorizationMode,
 		"--anonymous-auth=false",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + files.saKey,
@@ -236,6 +246,7 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 	}
 	args = append(args, opts.ExtraAPIServerFlags...)
 	e.apiBin, e.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
+	e.ServiceAccountKey = files.saKey
 	cfg, hc, err := clientConfig(e.Host, p)
 	if err != nil {
 		return nil, err

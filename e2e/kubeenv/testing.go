@@ -13,7 +13,17 @@ import (
 // the etcd and kube-apiserver logs.
 func StartForTest(t testing.TB) *Env {
 	t.Helper()
-	env, err := Start(t.Context(), Options{Logger: zaptest.NewLogger(t)})
+	return StartForTestWith(t, Options{})
+}
+
+// StartForTestWith is StartForTest with options (a test logger is set if
+// opts has none).
+func StartForTestWith(t testing.TB, opts Options) *Env {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(t)
+	}
+	env, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}

@@ -11,8 +11,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/vsplane/vsplane/e2e/cluster"
@@ -59,7 +57,7 @@ func TestVMDrain(t *testing.T) {
 	t.Logf("VM build %v, boot %v", c.VM.BuildTime.Round(time.Millisecond), c.VM.BootTime.Round(time.Millisecond))
 	phase("apiserver+control plane+VM+agents")
 
-	conn, err := grpc.NewClient(c.CPAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := c.DialControlPlane(c.CPAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,12 +116,19 @@ func run() error {
 	fmt.Printf("  ClusterIP %s; in both nodes' kernels and acknowledged %v after creation\n", vip, time.Since(created).Round(time.Millisecond))
 
 	cp := fmt.Sprintf("127.0.0.1:%d", c.CPPort)
+	// The control plane serves TLS and checks a bearer token (TokenReview +
+	// RBAC), like a real deployment; grpcurl gets the CA, the name in the
+	// certificate and a ServiceAccount token.
+	tls, err := c.GRPCurlArgs()
+	if err != nil {
+		return err
+	}
 	section("(a) node1's desired state, from the control plane (grpcurl)")
-	if err := show(ctx, grpcurl, "-plaintext", "-d", `{"node_name":"node1"}`, cp, "vsplane.v1.InspectService/GetNodeSnapshot"); err != nil {
+	if err := show(ctx, grpcurl, append(tls, "-d", `{"node_name":"node1"}`, cp, "vsplane.v1.InspectService/GetNodeSnapshot")...); err != nil {
 		return err
 	}
 	section("(a) connected agents (grpcurl ListAgents)")
-	if err := show(ctx, grpcurl, "-plaintext", cp, "vsplane.v1.InspectService/ListAgents"); err != nil {
+	if err := show(ctx, grpcurl, append(tls, cp, "vsplane.v1.InspectService/ListAgents")...); err != nil {
 		return err
 	}
 
@@ -148,14 +155,14 @@ func run() error {
 	}
 
 	section("poke at it")
-	fmt.Printf(`  grpcurl -plaintext %[1]s list
-  grpcurl -plaintext %[1]s vsplane.v1.InspectService/ListAgents
-  grpcurl -plaintext -d '{"node_name":"node2"}' %[1]s vsplane.v1.InspectService/GetNodeSnapshot
-  (grpcurl is %[2]s)
+	fmt.Printf(`  G="%[2]s -cacert %[5]s -servername %[6]s"; T="authorization: Bearer $(cat %[7]s)"
+  $G %[1]s list
+  $G -H "$T" %[1]s vsplane.v1.InspectService/ListAgents
+  $G -H "$T" -d '{"node_name":"node2"}' %[1]s vsplane.v1.InspectService/GetNodeSnapshot
   kubeconfig: %[3]s   e.g. kubectl --kubeconfig %[3]s -n demo get svc,endpointslices
   apiserver:  %[4]s
   change the Service's endpoints or add Services with the kubeconfig; the agents program node1/node2.
-`, cp, grpcurl, c.Env.Kubeconfig, c.Env.Host)
+`, cp, grpcurl, c.Env.Kubeconfig, c.Env.Host, c.Sec.Files.CA, c.Sec.ServerName, c.Sec.TokenFile)
 	if *duration > 0 {
 		fmt.Printf("\nrunning for %v (Ctrl-C stops earlier)\n", *duration)
 		select {
