@@ -4,12 +4,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/stream"
@@ -32,6 +36,10 @@ type balanceReport struct {
 	ResourcesResent  int     `json:"resources_resent"`
 	RemovalsSent     int     `json:"removals_sent"`
 	MaxConnectionAge string  `json:"max_connection_age"`
+	// Requests all replicas (and the test's Service creates) made to the
+	// API server over the run.
+	APIServerWrites int64 `json:"apiserver_writes"`
+	APIServerReads  int64 `json:"apiserver_reads"`
 }
 
 // Several hundred agents over three replicas: they start spread; when one
@@ -41,7 +49,25 @@ type balanceReport struct {
 // the restarted one. Measured, written to _out/bench/balance.json.
 func TestAgentsSpreadOverReplicas(t *testing.T) {
 	const agentsN, services = 300, 50
-	kube, ctx := startKube(t, nodeNamesN(agentsN)...)
+	env, _, ctx := startKubeEnv(t, nodeNamesN(agentsN)...)
+	// Every request the replicas make, counted: the fleet-wide view and the
+	// agents' churn must cost the API server no writes.
+	var reads, writes atomic.Int64
+	rc := env.RESTConfig()
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(r *http.Request) (*http.Response, error) {
+			if r.Method == http.MethodGet {
+				reads.Add(1)
+			} else {
+				writes.Add(1)
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range services {
 		mustCreateService(t, ctx, kube, clusterIPService("default", fmt.Sprintf("svc-%02d", i), 80))
 	}
@@ -160,6 +186,12 @@ func TestAgentsSpreadOverReplicas(t *testing.T) {
 	t.Logf("after the restarts and connection ageing (%v): spread %v", age, rep.AfterAgeing)
 	if slices.Contains(rep.AfterAgeing, 0) {
 		t.Errorf("a replica has no agents after connections aged out: %v", rep.AfterAgeing)
+	}
+	rep.APIServerWrites, rep.APIServerReads = writes.Load(), reads.Load()
+	t.Logf("requests to the API server through the replicas' client over the whole run: %d writes (the test's own %d Service creates), %d reads (lists and watches)",
+		rep.APIServerWrites, services, rep.APIServerReads)
+	if rep.APIServerWrites != int64(services) {
+		t.Errorf("replicas wrote to the API server %d times (beyond the %d Services this test created through the same client); the fleet view must cost none", rep.APIServerWrites-int64(services), services)
 	}
 	writeReport(t, "balance.json", rep)
 }
