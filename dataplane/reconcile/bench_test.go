@@ -41,7 +41,7 @@ func benchSetup(b *testing.B, n int) (*memory.Kernel, *Reconciler, []*vsplanev1.
 }
 
 // BenchmarkApplyOneEndpointChange: cost of one changed Service among n
-// ClusterIP Services, which must not grow with n (issue #3: flat between
+// ClusterIP Services, which must not grow with n (flat between
 // 1,000 and 10,000): only the touched items are synced, nothing is listed
 // but the destinations of the one virtual server.
 func BenchmarkApplyOneEndpointChange(b *testing.B) {

@@ -8,11 +8,12 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // SettingsResource is the name of the node-wide settings resource.
-const SettingsResource = "node/settings"
+const SettingsResource = wire.NodeSettingsResource
 
 // setRef is one kernel ipset: a kube-proxy set of one family.
 type setRef struct {
@@ -76,7 +77,7 @@ type settings struct {
 
 // defaultSettings apply until a node/settings resource arrives.
 func defaultSettings() settings {
-	return settings{defaultScheduler: "rr", masqueradeBit: rules.DefaultMasqueradeBit}
+	return settings{defaultScheduler: wire.DefaultScheduler, masqueradeBit: rules.DefaultMasqueradeBit}
 }
 
 // resourceState is one compiled resource.

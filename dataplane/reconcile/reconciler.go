@@ -48,8 +48,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/vsplane/vsplane/dataplane/client"
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -118,7 +118,7 @@ type failure struct {
 	retryable bool
 }
 
-// Reconciler implements client.Applier.
+// Reconciler implements the agent stream client's Applier (dataplane/client).
 type Reconciler struct {
 	k        kernel.Kernel
 	cfg      Config
@@ -159,8 +159,6 @@ type Reconciler struct {
 	wake chan struct{}
 }
 
-var _ client.Applier = (*Reconciler)(nil)
-
 // New returns a Reconciler over k. It does not touch the kernel.
 func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	if k.IPVS == nil || k.IPSets == nil || k.Links == nil || k.IPTables == nil || k.Sysctl == nil {
@@ -176,7 +174,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		cfg.MaxDrain = 10 * time.Minute
 	}
 	if cfg.Period == 0 {
-		cfg.Period = 30 * time.Second
+		cfg.Period = wire.DefaultReconcilePeriod
 	}
 	if cfg.RetryBase == 0 {
 		cfg.RetryBase = min(time.Second, cfg.Period)
@@ -215,7 +213,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	}, nil
 }
 
-// Apply implements client.Applier.
+// Apply applies a Delta (the stream client's Applier).
 func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplanev1.Ack {
 	if delta == nil {
 		// Never read a missing delta as "the node has no services".
@@ -558,7 +556,7 @@ func (r *Reconciler) settle(p *pass, evaluate []string) {
 	}
 }
 
-// Versions implements client.Applier: the resources applied successfully.
+// Versions returns the resources applied successfully (the stream client's Applier).
 func (r *Reconciler) Versions() map[string]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -13,25 +13,26 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // Kernel operation kinds reported in Ack.kernel_operations and Stats.
 const (
-	OpAddService        = "ipvs_add_service"
-	OpUpdateService     = "ipvs_update_service"
-	OpDeleteService     = "ipvs_delete_service"
-	OpAddDestination    = "ipvs_add_destination"
-	OpUpdateDestination = "ipvs_update_destination"
-	OpDeleteDestination = "ipvs_delete_destination"
-	OpSetTimeouts       = "ipvs_set_timeouts"
-	OpCreateDummy       = "dummy_create"
-	OpBind              = "addr_bind"
-	OpUnbind            = "addr_unbind"
-	OpCreateSet         = "ipset_create"
-	OpAddEntry          = "ipset_add"
-	OpDelEntry          = "ipset_del"
-	OpRestore           = "iptables_restore"
-	OpSysctl            = "sysctl_set"
+	OpAddService        = wire.OpAddService
+	OpUpdateService     = wire.OpUpdateService
+	OpDeleteService     = wire.OpDeleteService
+	OpAddDestination    = wire.OpAddDestination
+	OpUpdateDestination = wire.OpUpdateDestination
+	OpDeleteDestination = wire.OpDeleteDestination
+	OpSetTimeouts       = wire.OpSetTimeouts
+	OpCreateDummy       = wire.OpCreateDummy
+	OpBind              = wire.OpBind
+	OpUnbind            = wire.OpUnbind
+	OpCreateSet         = wire.OpCreateSet
+	OpAddEntry          = wire.OpAddEntry
+	OpDelEntry          = wire.OpDelEntry
+	OpRestore           = wire.OpRestore
+	OpSysctl            = wire.OpSysctl
 )
 
 const sysctlConntrackTCPLiberal = "net/netfilter/nf_conntrack_tcp_be_liberal"

@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // Chain names (kube-proxy's).
@@ -40,7 +41,7 @@ const (
 )
 
 // DefaultMasqueradeBit is kube-proxy's default --iptables-masquerade-bit.
-const DefaultMasqueradeBit = 14
+const DefaultMasqueradeBit = wire.DefaultMasqueradeBit
 
 // Input is everything the rules depend on, for one family.
 type Input struct {

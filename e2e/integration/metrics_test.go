@@ -27,7 +27,7 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// TestMetricsAgainstRealAPIServer checks issue #5's metrics end to end: a
+// TestMetricsAgainstRealAPIServer checks the control plane's and agents' metrics end to end: a
 // Service change produces one programming-latency observation per agent on
 // the control plane's /metrics, and each agent's own /metrics and /healthz
 // (separate registries, all in one process) report its syncs.

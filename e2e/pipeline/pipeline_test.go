@@ -57,7 +57,7 @@ func tcp(name string, port uint16) model.EndpointPort {
 	return model.EndpointPort{Name: name, Protocol: model.TCP, Port: port}
 }
 
-// cluster is the fixture: every kind of Service of issue 4 once.
+// cluster is the fixture: every kind of Service kube-proxy programs, once.
 func cluster() []translate.Input {
 	return []translate.Input{
 		{ // dual-stack ClusterIP with ClientIP affinity

@@ -1,7 +1,7 @@
 //go:build vmbench
 
 // Package vmbench measures the agent's reconciler on the real kernel of the QEMU
-// test bed (issue #3, "Measure"): the time to apply a one-endpoint change with
+// test bed (the apply-time measurement): the time to apply a one-endpoint change with
 // 1,000 and with 10,000 ClusterIP Services present (it should be flat), and
 // cold start (empty kernel to N Services). It is a measurement, not a CI test:
 // it is built only with the vmbench tag (`make bench-vm`).

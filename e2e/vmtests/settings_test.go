@@ -19,7 +19,7 @@ import (
 )
 
 // TestVMNodeSettings checks the node settings the control plane pushes
-// (issue 4 items 4 and 10) on a real kernel: strictARP sysctls, IPVS
+// (NodePort addresses and node settings) on a real kernel: strictARP sysctls, IPVS
 // timeouts, nodePortAddresses limiting where NodePorts answer, and
 // excludeCIDRs protecting foreign virtual servers from the agent's prune.
 func TestVMNodeSettings(t *testing.T) {

@@ -151,7 +151,7 @@ func entryData(t kernel.SetType, e kernel.Entry) *nl.RtAttr {
 	}
 	if t == kernel.BitmapPort {
 		// Only the port: bitmap:port's policy has no protocol attribute,
-		// which is what breaks netlink v1.3.1's IpsetAdd (issue #1054).
+		// which is what breaks netlink v1.3.1's IpsetAdd (vishvananda/netlink#1054).
 		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|attrNetOrder, be16(e.Port)))
 	} else if e.Protocol != 0 {
 		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|attrNetOrder, be16(e.Port)))

@@ -1,5 +1,5 @@
 // Command vmbench measures the agent's reconciler on the real kernel of the
-// network namespace it runs in (issue #3, "Measure"). It is a static binary run
+// network namespace it runs in (the apply-time measurement). It is a static binary run
 // inside the QEMU test bed (e2e/vmbench drives it), in a fresh node namespace:
 //
 //	vmbench --services N [--changes K] [--removes R]
