@@ -10,7 +10,7 @@ PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 
-.PHONY: all tools proto build test fuzz lint check-generated demo kube vm-deps bench bench-vm clean
+.PHONY: all tools proto build test test-unit fuzz lint check-generated demo kube vm-deps bench bench-vm clean
 
 all: build
 
@@ -39,6 +39,7 @@ lint: check-generated
 	$(BIN)/buf lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
 
@@ -59,6 +60,11 @@ vm-deps:
 test: tools kube vm-deps lint
 	$(GO) test -count=1 -timeout 45m ./...
 	$(MAKE) fuzz
+
+## test-unit: unit tests and the tests on this machine's kernel (network namespaces) —
+## no apiserver, no VM, under a minute: for day-to-day work
+test-unit:
+	$(GO) test -count=1 ./controlplane/... ./dataplane/... ./internal/... ./e2e/protocol ./e2e/pipeline ./e2e/cluster
 
 ## fuzz: every native fuzz target (func FuzzX in a *_test.go) for FUZZTIME, one at a time
 ## (go test -fuzz takes one target per run); failing inputs land in the package's testdata/fuzz/

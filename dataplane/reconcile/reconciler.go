@@ -204,7 +204,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		scheds = slices.Compact(slices.Sorted(slices.Values(cfg.Schedulers)))
 	}
 	return &Reconciler{schedulers: scheds,
-		k: k, cfg: cfg, log: log.Named("reconcile"), families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
+		k: k, cfg: cfg, log: log, families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
 		store: newStore(), applied: map[string]string{}, failed: map[string]failure{}, recovered: map[string]string{},
 		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
 		stats: Stats{RepairsByKind: map[string]uint64{}, DrainOps: map[string]uint64{}}, wake: make(chan struct{}, 1),
