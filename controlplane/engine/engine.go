@@ -133,29 +133,60 @@ func New(cfg Config, store *snapshot.Store, log *zap.Logger) (*Engine, error) {
 }
 
 // Apply updates the model from one batch and writes every affected
-// (node, resource) to the store in one commit.
+// (node, resource) to the store: nodes first (so Services see the new node
+// set), then EndpointSlices and Services mark what to recompute, then the
+// dirty Services and the nodes to fill are written.
 func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	start := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	dirty := map[model.ServiceKey]time.Time{} // service -> earliest trigger
-	markDirty := func(k model.ServiceKey, t time.Time) {
-		if old, ok := dirty[k]; !ok || (!t.IsZero() && t.Before(old)) {
-			dirty[k] = t
-		}
+	w := &work{dirty: map[model.ServiceKey]time.Time{}, fresh: map[string]time.Time{}, b: &e.batch}
+	w.b.Reset()
+	e.applyNodes(w, ch.Nodes)
+	e.applySlices(w, ch.Slices)
+	e.applyServices(w, ch.Services)
+	if ch.Periodic {
+		e.startResync(w)
 	}
-	b := &e.batch
-	b.Reset()
+	for _, key := range e.resyncChunk() {
+		w.markDirty(key, time.Time{})
+	}
+	changed := e.write(w)
 
-	// Nodes first, so Services recomputed below see the new node set.
-	fresh := map[string]time.Time{} // nodes that need every Service
-	for name, c := range ch.Nodes {
+	e.applySeconds.Observe(time.Since(start).Seconds())
+	if e.log.Core().Enabled(zap.DebugLevel) {
+		e.log.Debug("applied changes", zap.Int("services", len(ch.Services)), zap.Int("endpointSlices", len(ch.Slices)),
+			zap.Int("nodes", len(ch.Nodes)), zap.Int("recomputed", len(w.dirty)), zap.Int("storeChanges", changed),
+			zap.Duration("took", time.Since(start)))
+	}
+	return nil
+}
+
+// work is what one Apply has to write.
+type work struct {
+	// dirty: Services to recompute, with their earliest trigger.
+	dirty map[model.ServiceKey]time.Time
+	// fresh: nodes that get every Service (new, or zone/addresses changed),
+	// staged and published whole.
+	fresh map[string]time.Time
+	b     *snapshot.Batch
+}
+
+func (w *work) markDirty(k model.ServiceKey, t time.Time) {
+	if old, ok := w.dirty[k]; !ok || (!t.IsZero() && t.Before(old)) {
+		w.dirty[k] = t
+	}
+}
+
+// applyNodes updates the node set and node settings.
+func (e *Engine) applyNodes(w *work, nodes map[string]watch.Change[model.Node]) {
+	for name, c := range nodes {
 		report(e, c.Current)
 		if c.Current == nil || c.Current.Value == nil {
 			if _, ok := e.nodes[name]; ok {
 				delete(e.nodes, name)
-				b.RemoveNode(name)
+				w.b.RemoveNode(name)
 			}
 			continue
 		}
@@ -168,19 +199,22 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		// staged and published at the end of this Apply, so no agent ever
 		// sees it half-filled (snapshot package doc).
 		if !had || old.node.Zone != n.Zone || !slices.Equal(old.node.Addresses, n.Addresses) {
-			b.StageNode(name)
-			fresh[name] = c.Trigger
+			w.b.StageNode(name)
+			w.fresh[name] = c.Trigger
 		}
-		e.setNodeSettings(b, n, c.Trigger)
+		e.setNodeSettings(w.b, n, c.Trigger)
 	}
-	if len(ch.Nodes) > 0 && e.conflicts.setNodeAddresses(e.nodes) {
+	if len(nodes) > 0 && e.conflicts.setNodeAddresses(e.nodes) {
 		// An external IP may now equal (or no longer equal) a node address.
 		for _, k := range e.conflicts.extIPServices() {
-			markDirty(k, time.Time{})
+			w.markDirty(k, time.Time{})
 		}
 	}
+}
 
-	for key, c := range ch.Slices {
+// applySlices moves EndpointSlices between their Services' entries.
+func (e *Engine) applySlices(w *work, changes map[model.SliceKey]watch.Change[model.EndpointSlice]) {
+	for key, c := range changes {
 		report(e, c.Current)
 		if owner, ok := e.sliceOwner[key]; ok {
 			if se := e.services[owner]; se != nil {
@@ -189,7 +223,7 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 				e.gc(owner, se)
 			}
 			delete(e.sliceOwner, key)
-			markDirty(owner, c.Trigger)
+			w.markDirty(owner, c.Trigger)
 		}
 		if c.Current == nil || c.Current.Value == nil {
 			continue
@@ -201,10 +235,13 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 			se.sliceProblems[key] = c.Current.Problems
 		}
 		e.sliceOwner[key] = sl.Service
-		markDirty(sl.Service, c.Trigger)
+		w.markDirty(sl.Service, c.Trigger)
 	}
+}
 
-	for key, c := range ch.Services {
+// applyServices records Service changes and the conflicts they move.
+func (e *Engine) applyServices(w *work, changes map[model.ServiceKey]watch.Change[model.Service]) {
+	for key, c := range changes {
 		report(e, c.Current)
 		se := e.entry(key)
 		se.svc, se.svcProblems = nil, nil
@@ -212,58 +249,52 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 			se.svc, se.svcProblems = c.Current.Value, c.Current.Problems
 		}
 		trig := c.Trigger
-		e.conflicts.update(key, se.svc, func(other model.ServiceKey) { markDirty(other, trig) })
+		e.conflicts.update(key, se.svc, func(other model.ServiceKey) { w.markDirty(other, trig) })
 		e.gc(key, se)
-		markDirty(key, c.Trigger)
+		w.markDirty(key, c.Trigger)
 	}
+}
 
-	if ch.Periodic {
-		// Self-check: recompute everything, a chunk per Apply (see
-		// resyncChunk); unchanged content costs no notifications because
-		// the store compares versions. A resync still running restarts.
-		e.resync = e.resync[:0]
-		for key := range e.services {
-			e.resync = append(e.resync, key)
-		}
-		slices.SortFunc(e.resync, compareKeys)
-		for _, ne := range e.nodes {
-			e.setNodeSettings(b, ne.node, time.Time{})
-		}
+// startResync begins the periodic self-check: every Service is recomputed,
+// a chunk per Apply (see resyncChunk); unchanged content costs no
+// notifications because the store compares versions. A resync still
+// running restarts.
+func (e *Engine) startResync(w *work) {
+	e.resync = e.resync[:0]
+	for key := range e.services {
+		e.resync = append(e.resync, key)
 	}
-	for _, key := range e.resyncChunk() {
-		markDirty(key, time.Time{})
+	slices.SortFunc(e.resync, compareKeys)
+	for _, ne := range e.nodes {
+		e.setNodeSettings(w.b, ne.node, time.Time{})
 	}
+}
 
-	var st snapshot.CommitStats
+// write recomputes the dirty Services, fills and publishes the fresh nodes
+// and commits; large batches (initial sync, a node joining) go in chunks of
+// MaxBatch to bound the transient memory: fresh nodes are staged, so no
+// reader sees them before they are complete. It returns the store changes.
+func (e *Engine) write(w *work) int {
+	changed := 0
 	commit := func(force bool) {
-		// Large batches (initial sync, periodic resync, a node joining) are
-		// committed in chunks to bound the transient memory; each resource
-		// is still written atomically.
-		if force || b.Len() >= e.cfg.MaxBatch {
-			c := e.store.Commit(b)
-			st.Changed += c.Changed
-			b.Reset()
+		if force || w.b.Len() >= e.cfg.MaxBatch {
+			changed += e.store.Commit(w.b).Changed
+			w.b.Reset()
 		}
 	}
-	for key, trig := range dirty {
-		e.recompute(b, key, trig, fresh)
+	for key, trig := range w.dirty {
+		e.recompute(w.b, key, trig, w.fresh)
 		commit(false)
 	}
-	for name, trig := range fresh {
-		e.fillNode(b, e.nodes[name].node, trig)
+	for name, trig := range w.fresh {
+		e.fillNode(w.b, e.nodes[name].node, trig)
 		commit(false)
 	}
-	for name := range fresh {
-		b.PublishNode(name)
+	for name := range w.fresh {
+		w.b.PublishNode(name)
 	}
 	commit(true)
-	e.applySeconds.Observe(time.Since(start).Seconds())
-	if e.log.Core().Enabled(zap.DebugLevel) {
-		e.log.Debug("applied changes", zap.Int("services", len(ch.Services)), zap.Int("endpointSlices", len(ch.Slices)),
-			zap.Int("nodes", len(ch.Nodes)), zap.Int("recomputed", len(dirty)), zap.Int("storeChanges", st.Changed),
-			zap.Duration("took", time.Since(start)))
-	}
-	return nil
+	return changed
 }
 
 // resyncChunk takes the next Services of a running periodic resync: as
@@ -425,15 +456,7 @@ func sortedSlices(m map[model.SliceKey]*model.EndpointSlice) []*model.EndpointSl
 	for _, s := range m {
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b *model.EndpointSlice) int {
-		if a.Key.Name < b.Key.Name {
-			return -1
-		}
-		if a.Key.Name > b.Key.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *model.EndpointSlice) int { return cmp.Compare(a.Key.Name, b.Key.Name) })
 	return out
 }
 
@@ -449,15 +472,7 @@ func problemStrings(se *serviceEntry) []string {
 	for k := range se.sliceProblems {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b model.SliceKey) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(keys, func(a, b model.SliceKey) int { return cmp.Compare(a.Name, b.Name) })
 	for _, k := range keys {
 		for _, p := range se.sliceProblems[k] {
 			out = append(out, p.String())

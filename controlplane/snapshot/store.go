@@ -24,6 +24,7 @@
 package snapshot
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -402,15 +403,7 @@ func (s *Store) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	for _, sl := range ns.res {
 		out = append(out, sl.e.res)
 	}
-	slices.SortFunc(out, func(a, b *vsplanev1.Resource) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *vsplanev1.Resource) int { return cmp.Compare(a.Name, b.Name) })
 	return out, hex.EncodeToString(ns.sys[:]), true
 }
 

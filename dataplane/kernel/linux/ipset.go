@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -289,15 +290,7 @@ func (h *IPSets) ListSets() ([]kernel.IPSet, error) {
 	for _, s := range sets {
 		out = append(out, s.set.Normalize())
 	}
-	slices.SortFunc(out, func(a, b kernel.IPSet) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b kernel.IPSet) int { return cmp.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
