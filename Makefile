@@ -9,13 +9,14 @@ BUF_VERSION                ?= v1.75.0
 PROTOC_GEN_GO_VERSION      ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
+CONTROLLER_GEN_VERSION     ?= v0.23.0
 
-.PHONY: all tools proto build test test-unit fuzz lint check-generated demo kube vm-deps bench bench-vm clean
+.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube vm-deps bench bench-vm clean
 
 all: build
 
 ## tools: pinned code generators and grpcurl into bin/
-tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl
+tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl $(BIN)/controller-gen
 
 $(BIN)/buf:
 	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -25,6 +26,12 @@ $(BIN)/protoc-gen-go-grpc:
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 $(BIN)/grpcurl:
 	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+$(BIN)/controller-gen:
+	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+
+## generate: deepcopy and CRD YAML of the vsplane.io API (controlplane/apis -> deploy/crds; committed)
+generate: $(BIN)/controller-gen
+	$(BIN)/controller-gen object paths=./controlplane/apis/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/crds
 
 ## proto: regenerate Go from proto/ (committed)
 proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
@@ -43,10 +50,10 @@ lint: check-generated
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
 
-check-generated: proto
-	@if [ -n "$$(git status --porcelain -- proto)" ]; then \
-	  echo "generated code under proto/ is not current; run 'make proto' and commit:"; \
-	  git status --porcelain -- proto; git diff --stat -- proto; exit 1; fi
+check-generated: proto generate
+	@if [ -n "$$(git status --porcelain -- proto controlplane/apis deploy/crds)" ]; then \
+	  echo "generated code is not current; run 'make proto generate' and commit:"; \
+	  git status --porcelain -- proto controlplane/apis deploy/crds; git diff --stat -- proto controlplane/apis deploy/crds; exit 1; fi
 
 ## kube: build kube-apiserver + etcd into .cache/kube (cached)
 kube:
@@ -56,10 +63,18 @@ kube:
 vm-deps:
 	bash scripts/vm/deps.sh
 
-## test: everything CI runs — lint, unit, real-apiserver integration, VM tests, then fuzzing
+## test: everything CI runs — lint, unit, real-apiserver integration, VM tests, the race
+## detector over the concurrent packages, then fuzzing
 test: tools kube vm-deps lint
 	$(GO) test -count=1 -timeout 45m ./...
+	$(MAKE) test-race
 	$(MAKE) fuzz
+
+## test-race: the packages with goroutines of their own, under the race detector (the
+## integration tests exercise the same code against a real apiserver: about 2 minutes more)
+RACE_PACKAGES := ./controlplane/... ./dataplane/... ./internal/... ./e2e/protocol ./e2e/integration
+test-race:
+	$(GO) test -race -count=1 -timeout 20m $(RACE_PACKAGES)
 
 ## test-unit: unit tests and the tests on this machine's kernel (network namespaces) —
 ## no apiserver, no VM, under a minute: for day-to-day work
