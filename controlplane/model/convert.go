@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -16,6 +17,12 @@ const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 	// LabelHeadless marks the EndpointSlices of headless Services.
 	LabelHeadless = "service.kubernetes.io/headless"
+	// AnnotationScheduler names a Service's own IPVS scheduler; it wins over
+	// SchedulerRollouts and the fleet default. AnnotationSchedulerFlags
+	// lists its flags, comma-separated (sh-fallback, sh-port, mh-fallback,
+	// mh-port).
+	AnnotationScheduler      = "scheduler.vsplane.io/name"
+	AnnotationSchedulerFlags = "scheduler.vsplane.io/flags"
 	// AnnotationTriggerTime is the EndpointSlice controller's change trigger time.
 	AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
 	// LabelZone is the Node's zone label.
@@ -219,7 +226,52 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 	if s.Spec.TrafficDistribution != nil {
 		out.TrafficDistribution = *s.Spec.TrafficDistribution
 	}
+	if len(s.Labels) > 0 {
+		out.Labels = maps.Clone(s.Labels)
+	}
+	out.Scheduler, out.SchedulerFlags = schedulerAnnotation(s.Annotations, drop)
 	return out, problems
+}
+
+// schedulerAnnotation reads a Service's own scheduler; a bad value is a
+// problem and the Service keeps the fleet's (rollout or default) scheduler.
+func schedulerAnnotation(ann map[string]string, drop func(Reason, string, ...any)) (string, []SchedulerFlag) {
+	name, ok := ann[AnnotationScheduler]
+	if !ok {
+		if _, ok := ann[AnnotationSchedulerFlags]; ok {
+			drop(ReasonBadScheduler, "%s without %s: ignored", AnnotationSchedulerFlags, AnnotationScheduler)
+		}
+		return "", nil
+	}
+	if !slices.Contains(Schedulers, name) {
+		drop(ReasonBadScheduler, "%s %q is not an IPVS scheduler (%s): the fleet's scheduler applies", AnnotationScheduler, truncate(name), strings.Join(Schedulers, ", "))
+		return "", nil
+	}
+	var flags []SchedulerFlag
+	if raw := strings.TrimSpace(ann[AnnotationSchedulerFlags]); raw != "" {
+		for _, f := range strings.Split(raw, ",") {
+			fl := SchedulerFlag(strings.TrimSpace(f))
+			switch {
+			case (fl == FlagSHFallback || fl == FlagSHPort) && name == "sh",
+				(fl == FlagMHFallback || fl == FlagMHPort) && name == "mh":
+				if !slices.Contains(flags, fl) {
+					flags = append(flags, fl)
+				}
+			default:
+				drop(ReasonBadScheduler, "%s: flag %q does not apply to scheduler %q: the fleet's scheduler applies", AnnotationSchedulerFlags, truncate(string(fl)), name)
+				return "", nil
+			}
+		}
+		slices.Sort(flags)
+	}
+	return name, flags
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
 
 // IsProxiedService reports whether kube-proxy would proxy s at all.
@@ -334,6 +386,9 @@ func ConvertNode(n *corev1.Node) (*Node, []Problem) {
 		return nil, nil
 	}
 	out := &Node{Name: n.Name, Zone: n.Labels[LabelZone], Deleting: n.DeletionTimestamp != nil}
+	if len(n.Labels) > 0 {
+		out.Labels = maps.Clone(n.Labels)
+	}
 	for _, t := range n.Spec.Taints {
 		// The cluster autoscaler taints a node it is about to delete;
 		// kube-proxy's /healthz treats that like a deletion (KEP-3836).
@@ -360,6 +415,14 @@ func ConvertNode(n *corev1.Node) (*Node, []Problem) {
 		}
 	}
 	return out, problems
+}
+
+// ConvertNamespace keeps a namespace's name and labels.
+func ConvertNamespace(n *corev1.Namespace) (*Namespace, []Problem) {
+	if n == nil {
+		return nil, nil
+	}
+	return &Namespace{Name: n.Name, Labels: maps.Clone(n.Labels)}, nil
 }
 
 // parseIP accepts a plain IPv4 or IPv6 address (no zone, no prefix).

@@ -2,6 +2,8 @@ package model
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -189,7 +191,7 @@ func TestConvertNode(t *testing.T) {
 		}},
 	}
 	got, probs := ConvertNode(n)
-	want := &Node{Name: "n1", Zone: "z1", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.18.9.1")}}
+	want := &Node{Name: "n1", Zone: "z1", Labels: map[string]string{LabelZone: "z1"}, Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.18.9.1")}}
 	if diff := cmp.Diff(want, got, addrCmp, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("node (-want +got):\n%s", diff)
 	}
@@ -316,5 +318,42 @@ func TestConvertServiceKubeProxyRules(t *testing.T) {
 				t.Errorf("reasons (-want +got):\n%s\n%v", diff, probs)
 			}
 		})
+	}
+}
+
+func TestSchedulerAnnotation(t *testing.T) {
+	for _, tc := range []struct {
+		ann       map[string]string
+		sched     string
+		flags     []SchedulerFlag
+		problem   string
+		wantLabel bool
+	}{
+		{ann: nil},
+		{ann: map[string]string{AnnotationScheduler: "mh"}, sched: "mh"},
+		{ann: map[string]string{AnnotationScheduler: "sh", AnnotationSchedulerFlags: "sh-port, sh-fallback,sh-port"}, sched: "sh",
+			flags: []SchedulerFlag{FlagSHFallback, FlagSHPort}},
+		{ann: map[string]string{AnnotationScheduler: "fancy"}, problem: `"fancy" is not an IPVS scheduler`},
+		{ann: map[string]string{AnnotationScheduler: "rr", AnnotationSchedulerFlags: "mh-port"}, problem: `flag "mh-port" does not apply to scheduler "rr"`},
+		{ann: map[string]string{AnnotationSchedulerFlags: "sh-port"}, problem: "without scheduler.vsplane.io/name"},
+	} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s", Annotations: tc.ann, Labels: map[string]string{"app": "x"}},
+			Spec: corev1.ServiceSpec{ClusterIP: "198.18.0.1", Ports: []corev1.ServicePort{{Name: "p", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+		got, probs := ConvertService(svc)
+		if got == nil {
+			t.Fatalf("%v: Service skipped: %v", tc.ann, probs)
+		}
+		if got.Scheduler != tc.sched || !slices.Equal(got.SchedulerFlags, tc.flags) || got.Labels["app"] != "x" {
+			t.Errorf("%v: scheduler %q flags %v labels %v", tc.ann, got.Scheduler, got.SchedulerFlags, got.Labels)
+		}
+		found := false
+		for _, p := range probs {
+			if p.Reason == ReasonBadScheduler && strings.Contains(p.Detail, tc.problem) && p.Dropped {
+				found = true
+			}
+		}
+		if (tc.problem != "") != found {
+			t.Errorf("%v: problems %v, want one containing %q", tc.ann, probs, tc.problem)
+		}
 	}
 }

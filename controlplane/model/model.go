@@ -150,6 +150,34 @@ type Service struct {
 	HealthCheckNodePort uint16
 	// TrafficDistribution as given ("" when unset), e.g. "PreferClose".
 	TrafficDistribution string
+	// Labels of the Service (SchedulerRollout service selectors).
+	Labels map[string]string
+	// Scheduler is the Service's own IPVS scheduler from the
+	// AnnotationScheduler annotation (validated; "" when absent or bad),
+	// with SchedulerFlags from AnnotationSchedulerFlags.
+	Scheduler      string
+	SchedulerFlags []SchedulerFlag
+}
+
+// SchedulerFlag is an IPVS scheduler flag (ipvsadm's name).
+type SchedulerFlag string
+
+// The scheduler flags a Service or rollout may set.
+const (
+	FlagSHFallback SchedulerFlag = "sh-fallback"
+	FlagSHPort     SchedulerFlag = "sh-port"
+	FlagMHFallback SchedulerFlag = "mh-fallback"
+	FlagMHPort     SchedulerFlag = "mh-port"
+)
+
+// Schedulers are the IPVS schedulers of Linux (a node's kernel may lack
+// some: its agent NACKs a virtual server asking for one it does not offer).
+var Schedulers = []string{"dh", "fo", "lblc", "lblcr", "lc", "mh", "nq", "ovf", "rr", "sed", "sh", "twos", "wlc", "wrr"}
+
+// Namespace is a namespace's labels (SchedulerRollout namespace selectors).
+type Namespace struct {
+	Name   string
+	Labels map[string]string
 }
 
 // ClusterIP returns the Service's cluster IP of family f.
@@ -210,6 +238,8 @@ type Node struct {
 	Zone string
 	// Deleting is true once the Node has a deletion timestamp.
 	Deleting bool
+	// Labels of the Node (SchedulerRollout node selectors).
+	Labels map[string]string
 }
 
 // Reason classifies why (part of) an object cannot be used.
@@ -226,6 +256,7 @@ const (
 	ReasonNoPorts        Reason = "no_usable_ports"
 	ReasonBadAffinity    Reason = "bad_affinity"
 	ReasonDuplicate      Reason = "duplicate"
+	ReasonBadScheduler   Reason = "bad_scheduler"
 )
 
 // Problem is one thing wrong with an object. If Dropped is false the whole

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -474,5 +475,58 @@ func TestVariantsKeys(t *testing.T) {
 	})})
 	if a, b := lb.Key(n5), lb.Key(n6); a == b {
 		t.Errorf("node inside the LB source range and node outside share key %q", a)
+	}
+}
+
+// The scheduler a Service's virtual servers carry: its own (annotation)
+// everywhere; else a rollout's on the nodes it reached; else none (the node
+// default). Nodes with equal variant keys still get equal output.
+func TestSchedulerChoiceAndVariants(t *testing.T) {
+	rollout := &Rollout{Name: "to-mh", Scheduler: "mh", Flags: []model.SchedulerFlag{model.FlagMHFallback},
+		Nodes: map[string]struct{}{"n1": {}, "n5": {}, "n6": {}}}
+	own := service(func(s *model.Service) { s.Scheduler, s.SchedulerFlags = "sh", []model.SchedulerFlag{model.FlagSHPort} })
+	nodes := []*model.Node{fn1, fn2, fn3, fn4, {Name: "n5"}, {Name: "n6"}, {Name: "n7"}}
+	for _, tc := range []struct {
+		name   string
+		in     Input
+		sched  map[string]string // node -> scheduler ("" default)
+		source map[string]string
+	}{
+		{"rollout reaches some nodes", Input{Service: web, Slices: []*model.EndpointSlice{twoNodes}, Rollout: rollout},
+			map[string]string{"n1": "mh", "n5": "mh", "n6": "mh"},
+			map[string]string{"n1": "SchedulerRollout to-mh", "n5": "SchedulerRollout to-mh", "n6": "SchedulerRollout to-mh"}},
+		{"the Service's own scheduler wins everywhere", Input{Service: own, Slices: []*model.EndpointSlice{twoNodes}, Rollout: rollout},
+			map[string]string{"n1": "sh", "n2": "sh", "n3": "sh", "n4": "sh", "n5": "sh", "n6": "sh", "n7": "sh"},
+			map[string]string{"n1": SchedulerSourceAnnotation, "n2": SchedulerSourceAnnotation, "n3": SchedulerSourceAnnotation,
+				"n4": SchedulerSourceAnnotation, "n5": SchedulerSourceAnnotation, "n6": SchedulerSourceAnnotation, "n7": SchedulerSourceAnnotation}},
+		{"no rollout, no annotation", Input{Service: web, Slices: []*model.EndpointSlice{twoNodes}}, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := VariantsOf(tc.in)
+			byKey := map[string]*pb.ServiceState{}
+			for _, n := range nodes {
+				got := Service(tc.in, n, Config{})
+				if got.GetSchedulerSource() != tc.source[n.Name] {
+					t.Errorf("%s: source %q, want %q", n.Name, got.GetSchedulerSource(), tc.source[n.Name])
+				}
+				for _, vs := range got.GetVirtualServers() {
+					if vs.GetScheduler() != tc.sched[n.Name] {
+						t.Errorf("%s: %s scheduler %q, want %q", n.Name, vs.GetAddress(), vs.GetScheduler(), tc.sched[n.Name])
+					}
+					wantFlag := map[string]pb.VirtualServerFlag{"mh": pb.VirtualServerFlag_VIRTUAL_SERVER_FLAG_MH_FALLBACK,
+						"sh": pb.VirtualServerFlag_VIRTUAL_SERVER_FLAG_SH_PORT}[tc.sched[n.Name]]
+					if wantFlag != 0 && !slices.Contains(vs.GetFlags(), wantFlag) {
+						t.Errorf("%s: flags %v lack %v", n.Name, vs.GetFlags(), wantFlag)
+					}
+				}
+				k := v.Key(n)
+				if prev, ok := byKey[k]; ok {
+					if diff := cmp.Diff(prev, got, protocmp.Transform()); diff != "" {
+						t.Errorf("nodes with key %q differ (-first +%s):\n%s", k, n.Name, diff)
+					}
+				}
+				byKey[k] = got
+			}
+		})
 	}
 }

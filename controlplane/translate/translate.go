@@ -28,6 +28,37 @@ type Input struct {
 	// Problems found while converting the Service and its slices; copied to
 	// ServiceState.problems so the inspection API shows them.
 	Problems []string
+	// Rollout, if set, is the SchedulerRollout that applies to the Service:
+	// its nodes get its scheduler unless the Service names its own.
+	Rollout *Rollout
+}
+
+// Rollout is one SchedulerRollout's assignment: the nodes (of the steps
+// begun) that run Scheduler.
+type Rollout struct {
+	Name      string
+	Scheduler string
+	Flags     []model.SchedulerFlag
+	Nodes     map[string]struct{}
+}
+
+// SchedulerSourceAnnotation is ServiceState.scheduler_source for a Service
+// that names its own scheduler.
+const SchedulerSourceAnnotation = "annotation " + model.AnnotationScheduler
+
+// SchedulerFor returns the scheduler and flags of in's virtual servers on
+// node and why: the Service's own (annotation) wins over a rollout that
+// reached the node; "" means the node default.
+func (in Input) SchedulerFor(node string) (name string, flags []model.SchedulerFlag, source string) {
+	if svc := in.Service; svc != nil && svc.Scheduler != "" {
+		return svc.Scheduler, svc.SchedulerFlags, SchedulerSourceAnnotation
+	}
+	if r := in.Rollout; r != nil {
+		if _, ok := r.Nodes[node]; ok {
+			return r.Scheduler, r.Flags, "SchedulerRollout " + r.Name
+		}
+	}
+	return "", nil, ""
 }
 
 // Service returns what in.Service asks of node. A nil Service gives nil.
@@ -68,6 +99,16 @@ func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 		}
 	}
 	t.st.IpsetEntries = t.sets.sorted()
+	if name, flags, source := in.SchedulerFor(node.Name); name != "" {
+		t.st.SchedulerSource = source
+		for _, vs := range t.st.VirtualServers {
+			vs.Scheduler = name
+			for _, f := range flags {
+				vs.Flags = append(vs.Flags, schedulerFlags[f])
+			}
+			slices.Sort(vs.Flags)
+		}
+	}
 	t.st.LocalEndpoints = uint32(len(localReady))
 	t.st.HealthCheckNodePort = uint32(svc.HealthCheckNodePort)
 	return t.st
@@ -281,6 +322,13 @@ func cloneRealServers(in []*vsplanev1.RealServer) []*vsplanev1.RealServer {
 	return out
 }
 
+var schedulerFlags = map[model.SchedulerFlag]vsplanev1.VirtualServerFlag{
+	model.FlagSHFallback: vsplanev1.VirtualServerFlag_VIRTUAL_SERVER_FLAG_SH_FALLBACK,
+	model.FlagSHPort:     vsplanev1.VirtualServerFlag_VIRTUAL_SERVER_FLAG_SH_PORT,
+	model.FlagMHFallback: vsplanev1.VirtualServerFlag_VIRTUAL_SERVER_FLAG_MH_FALLBACK,
+	model.FlagMHPort:     vsplanev1.VirtualServerFlag_VIRTUAL_SERVER_FLAG_MH_PORT,
+}
+
 // newVirtualServer fills what every kind of virtual server of a port shares.
 func newVirtualServer(svc *model.Service, sp model.ServicePort, fam model.Family) *vsplanev1.VirtualServer {
 	vs := &vsplanev1.VirtualServer{
@@ -288,8 +336,9 @@ func newVirtualServer(svc *model.Service, sp model.ServicePort, fam model.Family
 		Port:     uint32(sp.Port),
 		Protocol: protocol(sp.Protocol),
 		PortName: sp.Name,
-		// Scheduler stays "": the node default from NodeSettings. The agent
-		// adds the mh-port flag when the effective scheduler is "mh".
+		// Scheduler stays "" (the node default from NodeSettings) unless the
+		// Service or a rollout names one (Service sets it at the end). The
+		// agent adds the mh-port flag when the effective scheduler is "mh".
 	}
 	if svc.Sticky {
 		vs.Flags = append(vs.Flags, vsplanev1.VirtualServerFlag_VIRTUAL_SERVER_FLAG_PERSISTENT)

@@ -26,6 +26,8 @@ type Variants struct {
 	// External/LB IPs whose port equals one of the Service's NodePorts: a
 	// node holding such an address has a per-node collision to report.
 	claimed map[netip.Addr]struct{}
+	// rollout: the nodes a SchedulerRollout reached (one shared variant).
+	rollout map[string]struct{}
 }
 
 // VariantsOf computes the variants of in.
@@ -55,6 +57,9 @@ func VariantsOf(in Input) Variants {
 	svc := in.Service
 	if svc == nil {
 		return v
+	}
+	if in.Rollout != nil && svc.Scheduler == "" {
+		v.rollout = in.Rollout.Nodes
 	}
 	for _, f := range []model.Family{model.IPv4, model.IPv6} {
 		if ranges, _ := sourceRanges(svc, f); len(ranges) > 0 && slices.ContainsFunc(svc.LoadBalancerIPs, isFamily(f)) {
@@ -98,6 +103,9 @@ func (v Variants) Key(node *model.Node) string {
 		if allowFromNode(v.ranges, node, f) {
 			parts = append(parts, "lb-source/"+f.String())
 		}
+	}
+	if _, ok := v.rollout[node.Name]; ok {
+		parts = append(parts, "rollout")
 	}
 	return strings.Join(parts, ";")
 }

@@ -567,9 +567,13 @@ type ServiceState struct {
 	// Number of endpoints local to this node (drives the health-check answer).
 	LocalEndpoints uint32 `protobuf:"varint,6,opt,name=local_endpoints,json=localEndpoints,proto3" json:"local_endpoints,omitempty"`
 	// Problems found while translating; the Service may be partly programmed.
-	Problems      []string `protobuf:"bytes,7,rep,name=problems,proto3" json:"problems,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Problems []string `protobuf:"bytes,7,rep,name=problems,proto3" json:"problems,omitempty"`
+	// Why the virtual servers carry the scheduler they do on this node:
+	// "annotation scheduler.vsplane.io/name", "SchedulerRollout <name>", or ""
+	// when they name none and the node default (NodeSettings) applies.
+	SchedulerSource string `protobuf:"bytes,8,opt,name=scheduler_source,json=schedulerSource,proto3" json:"scheduler_source,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ServiceState) Reset() {
@@ -649,6 +653,13 @@ func (x *ServiceState) GetProblems() []string {
 		return x.Problems
 	}
 	return nil
+}
+
+func (x *ServiceState) GetSchedulerSource() string {
+	if x != nil {
+		return x.SchedulerSource
+	}
+	return ""
 }
 
 // VirtualServer is one IPVS virtual server and its real servers.
@@ -1199,7 +1210,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\aservice\x18\n" +
 	" \x01(\v2\x18.vsplane.v1.ServiceStateH\x00R\aservice\x12?\n" +
 	"\rnode_settings\x18\v \x01(\v2\x18.vsplane.v1.NodeSettingsH\x00R\fnodeSettingsB\x06\n" +
-	"\x04body\"\xbb\x02\n" +
+	"\x04body\"\xe6\x02\n" +
 	"\fServiceState\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12B\n" +
@@ -1207,7 +1218,8 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\ripset_entries\x18\x04 \x03(\v2\x16.vsplane.v1.IPSetEntryR\fipsetEntries\x123\n" +
 	"\x16health_check_node_port\x18\x05 \x01(\rR\x13healthCheckNodePort\x12'\n" +
 	"\x0flocal_endpoints\x18\x06 \x01(\rR\x0elocalEndpoints\x12\x1a\n" +
-	"\bproblems\x18\a \x03(\tR\bproblems\"\xa0\x05\n" +
+	"\bproblems\x18\a \x03(\tR\bproblems\x12)\n" +
+	"\x10scheduler_source\x18\b \x01(\tR\x0fschedulerSource\"\xa0\x05\n" +
 	"\rVirtualServer\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.vsplane.v1.VirtualServerKindR\x04kind\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12.\n" +
