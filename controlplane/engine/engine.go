@@ -58,8 +58,12 @@ type Engine struct {
 	services   map[model.ServiceKey]*serviceEntry
 	sliceOwner map[model.SliceKey]model.ServiceKey
 	nodes      map[string]*nodeEntry
-	conflicts  *conflicts
-	batch      snapshot.Batch
+	namespaces map[string]*model.Namespace
+	rollouts   map[string]*model.Rollout
+	// reached: the rollouts that decide schedulers, newest first (rollouts.go).
+	reached   []reached
+	conflicts *conflicts
+	batch     snapshot.Batch
 	// resync: Services the current periodic self-check has still to redo.
 	resync []model.ServiceKey
 
@@ -82,6 +86,8 @@ type serviceEntry struct {
 	// shared caches one resource per variant key nodes share (every key
 	// but "node/..."); reset whenever the Service is recomputed.
 	shared map[string]*vsplanev1.Resource
+	// rolloutVersion identifies the rollouts in.Rollouts was derived from.
+	rolloutVersion string
 }
 
 type nodeEntry struct {
@@ -107,6 +113,8 @@ func New(cfg Config, store *snapshot.Store, log *zap.Logger) (*Engine, error) {
 		services:   map[model.ServiceKey]*serviceEntry{},
 		sliceOwner: map[model.SliceKey]model.ServiceKey{},
 		nodes:      map[string]*nodeEntry{},
+		namespaces: map[string]*model.Namespace{},
+		rollouts:   map[string]*model.Rollout{},
 		conflicts:  newConflicts(),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vsplane_controlplane_invalid_objects_total",
@@ -146,6 +154,7 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	e.applyNodes(w, ch.Nodes)
 	e.applySlices(w, ch.Slices)
 	e.applyServices(w, ch.Services)
+	e.applyRollouts(w, ch)
 	if ch.Periodic {
 		e.startResync(w)
 	}
@@ -401,6 +410,7 @@ func (e *Engine) derive(se *serviceEntry) {
 		se.conflictProblems = conflictProblems
 	}
 	se.in = translate.Input{Service: svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
+	se.in.Rollouts, se.rolloutVersion = e.rolloutsFor(se.svc)
 	se.variants = translate.VariantsOf(se.in)
 }
 

@@ -34,6 +34,7 @@ func changes() *watch.Changes {
 		Services: map[model.ServiceKey]watch.Change[model.Service]{},
 		Slices:   map[model.SliceKey]watch.Change[model.EndpointSlice]{},
 		Nodes:    map[string]watch.Change[model.Node]{},
+		Rollouts: map[string]watch.Change[model.Rollout]{},
 	}
 }
 

@@ -257,6 +257,7 @@ const (
 	ReasonBadAffinity    Reason = "bad_affinity"
 	ReasonDuplicate      Reason = "duplicate"
 	ReasonBadScheduler   Reason = "bad_scheduler"
+	ReasonBadSelector    Reason = "bad_selector"
 )
 
 // Problem is one thing wrong with an object. If Dropped is false the whole

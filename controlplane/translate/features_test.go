@@ -492,14 +492,18 @@ func TestSchedulerChoiceAndVariants(t *testing.T) {
 		sched  map[string]string // node -> scheduler ("" default)
 		source map[string]string
 	}{
-		{"rollout reaches some nodes", Input{Service: web, Slices: []*model.EndpointSlice{twoNodes}, Rollout: rollout},
+		{"rollout reaches some nodes", Input{Service: web, Slices: []*model.EndpointSlice{twoNodes}, Rollouts: []*Rollout{rollout}},
 			map[string]string{"n1": "mh", "n5": "mh", "n6": "mh"},
 			map[string]string{"n1": "SchedulerRollout to-mh", "n5": "SchedulerRollout to-mh", "n6": "SchedulerRollout to-mh"}},
-		{"the Service's own scheduler wins everywhere", Input{Service: own, Slices: []*model.EndpointSlice{twoNodes}, Rollout: rollout},
+		{"the Service's own scheduler wins everywhere", Input{Service: own, Slices: []*model.EndpointSlice{twoNodes}, Rollouts: []*Rollout{rollout}},
 			map[string]string{"n1": "sh", "n2": "sh", "n3": "sh", "n4": "sh", "n5": "sh", "n6": "sh", "n7": "sh"},
 			map[string]string{"n1": SchedulerSourceAnnotation, "n2": SchedulerSourceAnnotation, "n3": SchedulerSourceAnnotation,
 				"n4": SchedulerSourceAnnotation, "n5": SchedulerSourceAnnotation, "n6": SchedulerSourceAnnotation, "n7": SchedulerSourceAnnotation}},
 		{"no rollout, no annotation", Input{Service: web, Slices: []*model.EndpointSlice{twoNodes}}, nil, nil},
+		{"a newer rollout layers over an older one", Input{Service: web, Slices: []*model.EndpointSlice{twoNodes},
+			Rollouts: []*Rollout{{Name: "to-wlc", Scheduler: "wlc", Nodes: map[string]struct{}{"n1": {}, "n7": {}}}, rollout}},
+			map[string]string{"n1": "wlc", "n7": "wlc", "n5": "mh", "n6": "mh"},
+			map[string]string{"n1": "SchedulerRollout to-wlc", "n7": "SchedulerRollout to-wlc", "n5": "SchedulerRollout to-mh", "n6": "SchedulerRollout to-mh"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := VariantsOf(tc.in)

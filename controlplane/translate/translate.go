@@ -28,9 +28,10 @@ type Input struct {
 	// Problems found while converting the Service and its slices; copied to
 	// ServiceState.problems so the inspection API shows them.
 	Problems []string
-	// Rollout, if set, is the SchedulerRollout that applies to the Service:
-	// its nodes get its scheduler unless the Service names its own.
-	Rollout *Rollout
+	// Rollouts are the SchedulerRollouts that select the Service, newest
+	// first: a node gets the scheduler of the first one that reached it,
+	// unless the Service names its own.
+	Rollouts []*Rollout
 }
 
 // Rollout is one SchedulerRollout's assignment: the nodes (of the steps
@@ -47,13 +48,13 @@ type Rollout struct {
 const SchedulerSourceAnnotation = "annotation " + model.AnnotationScheduler
 
 // SchedulerFor returns the scheduler and flags of in's virtual servers on
-// node and why: the Service's own (annotation) wins over a rollout that
-// reached the node; "" means the node default.
+// node and why: the Service's own (annotation) wins over the newest rollout
+// that reached the node; "" means the node default.
 func (in Input) SchedulerFor(node string) (name string, flags []model.SchedulerFlag, source string) {
 	if svc := in.Service; svc != nil && svc.Scheduler != "" {
 		return svc.Scheduler, svc.SchedulerFlags, SchedulerSourceAnnotation
 	}
-	if r := in.Rollout; r != nil {
+	for _, r := range in.Rollouts {
 		if _, ok := r.Nodes[node]; ok {
 			return r.Scheduler, r.Flags, "SchedulerRollout " + r.Name
 		}

@@ -26,8 +26,9 @@ type Variants struct {
 	// External/LB IPs whose port equals one of the Service's NodePorts: a
 	// node holding such an address has a per-node collision to report.
 	claimed map[netip.Addr]struct{}
-	// rollout: the nodes a SchedulerRollout reached (one shared variant).
-	rollout map[string]struct{}
+	// rollouts: the SchedulerRollouts selecting the Service (nodes a rollout
+	// reached share one variant per rollout that decides their scheduler).
+	rollouts []*Rollout
 }
 
 // VariantsOf computes the variants of in.
@@ -58,8 +59,8 @@ func VariantsOf(in Input) Variants {
 	if svc == nil {
 		return v
 	}
-	if in.Rollout != nil && svc.Scheduler == "" {
-		v.rollout = in.Rollout.Nodes
+	if svc.Scheduler == "" {
+		v.rollouts = in.Rollouts
 	}
 	for _, f := range []model.Family{model.IPv4, model.IPv6} {
 		if ranges, _ := sourceRanges(svc, f); len(ranges) > 0 && slices.ContainsFunc(svc.LoadBalancerIPs, isFamily(f)) {
@@ -104,8 +105,11 @@ func (v Variants) Key(node *model.Node) string {
 			parts = append(parts, "lb-source/"+f.String())
 		}
 	}
-	if _, ok := v.rollout[node.Name]; ok {
-		parts = append(parts, "rollout")
+	for _, r := range v.rollouts {
+		if _, ok := r.Nodes[node.Name]; ok {
+			parts = append(parts, "rollout/"+r.Name)
+			break
+		}
 	}
 	return strings.Join(parts, ";")
 }

@@ -14,8 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
@@ -23,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/vsplane/vsplane/controlplane/apis/v1alpha1"
 	"github.com/vsplane/vsplane/controlplane/model"
 )
 
@@ -32,13 +37,17 @@ type Changes struct {
 	Services map[model.ServiceKey]Change[model.Service]
 	Slices   map[model.SliceKey]Change[model.EndpointSlice]
 	Nodes    map[string]Change[model.Node]
+	// Namespaces (their labels select Services for rollouts) and
+	// SchedulerRollouts (only with Options.Rollouts).
+	Namespaces map[string]Change[model.Namespace]
+	Rollouts   map[string]Change[model.Rollout]
 	// Periodic is set on the runs made because MaxInterval passed without one.
 	Periodic bool
 }
 
 // Empty reports whether the batch carries no object change.
 func (c *Changes) Empty() bool {
-	return len(c.Services) == 0 && len(c.Slices) == 0 && len(c.Nodes) == 0
+	return len(c.Services) == 0 && len(c.Slices) == 0 && len(c.Nodes) == 0 && len(c.Namespaces) == 0 && len(c.Rollouts) == 0
 }
 
 // Sink consumes batches. Apply is called from one goroutine at a time, only
@@ -64,6 +73,10 @@ type Options struct {
 	MaxInterval   time.Duration // default 1h: a (periodic) batch at least this often
 	RetryInterval time.Duration // default 1s: after a failed Apply
 	Clock         clock.WithTicker
+	// Rollouts also watches SchedulerRollouts (vsplane.io/v1alpha1) through
+	// Dynamic; the CRD must be installed, or the watch never syncs.
+	Rollouts bool
+	Dynamic  dynamic.Interface
 }
 
 func (o *Options) defaults() {
@@ -90,8 +103,14 @@ type Watcher struct {
 	services *tracker[model.ServiceKey, model.Service]
 	slices   *tracker[model.SliceKey, model.EndpointSlice]
 	nodes    *tracker[string, model.Node]
+	nss      *tracker[string, model.Namespace]
+	rollouts *tracker[string, model.Rollout]
 	runner   *runner
-	synced   atomic.Bool
+	// dynFactory watches SchedulerRollouts (nil without Options.Rollouts);
+	// RolloutLister reads its cache.
+	dynFactory dynamicinformer.DynamicSharedInformerFactory
+	rolloutInf cache.SharedIndexInformer
+	synced     atomic.Bool
 	// handlers report when each handler has been given every object of the
 	// initial list; the informer's own HasSynced only covers its store, and
 	// handler notifications are delivered asynchronously after that.
@@ -109,6 +128,8 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 		services: newTracker[model.ServiceKey, model.Service](),
 		slices:   newTracker[model.SliceKey, model.EndpointSlice](),
 		nodes:    newTracker[string, model.Node](),
+		nss:      newTracker[string, model.Namespace](),
+		rollouts: newTracker[string, model.Rollout](),
 	}
 	w.runner = newRunner(w.sync, opts.MinInterval, opts.MaxInterval, opts.RetryInterval, opts.Clock)
 	w.factory = informers.NewSharedInformerFactory(client, 0)
@@ -134,10 +155,23 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 			func(o *metav1.ListOptions) { o.LabelSelector = sliceSel.String() })
 	})
 	nodeInf := w.factory.Core().V1().Nodes().Informer()
-	for _, h := range []struct {
+	nsInf := w.factory.Core().V1().Namespaces().Informer()
+	handlers := []struct {
 		inf cache.SharedIndexInformer
 		f   func(old, cur any)
-	}{{svcInf, w.onService}, {sliceInf, w.onSlice}, {nodeInf, w.onNode}} {
+	}{{svcInf, w.onService}, {sliceInf, w.onSlice}, {nodeInf, w.onNode}, {nsInf, w.onNamespace}}
+	if opts.Rollouts {
+		if opts.Dynamic == nil {
+			return nil, fmt.Errorf("watch: rollouts need a dynamic client")
+		}
+		w.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(opts.Dynamic, 0)
+		w.rolloutInf = w.dynFactory.ForResource(v1alpha1.Resource).Informer()
+		handlers = append(handlers, struct {
+			inf cache.SharedIndexInformer
+			f   func(old, cur any)
+		}{w.rolloutInf, w.onRollout})
+	}
+	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandler(handler(h.f))
 		if err != nil {
 			return nil, fmt.Errorf("watch: adding event handler: %w", err)
@@ -154,9 +188,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 	w.ctx = ctx
 	w.factory.Start(ctx.Done())
 	defer w.factory.Shutdown()
+	if w.dynFactory != nil {
+		w.dynFactory.Start(ctx.Done())
+		defer w.dynFactory.Shutdown()
+	}
 	for typ, ok := range w.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("watch: cache for %v did not sync", typ)
+		}
+	}
+	if w.dynFactory != nil {
+		for gvr, ok := range w.dynFactory.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return fmt.Errorf("watch: cache for %v did not sync (is the CRD installed?)", gvr)
+			}
 		}
 	}
 	// The first batch must hold the whole cluster: wait until our handlers,
@@ -181,7 +226,8 @@ func (w *Watcher) Synced() bool { return w.synced.Load() }
 
 // sync drains the trackers into one batch for the sink.
 func (w *Watcher) sync(periodic bool) error {
-	ch := &Changes{Services: w.services.take(), Slices: w.slices.take(), Nodes: w.nodes.take(), Periodic: periodic}
+	ch := &Changes{Services: w.services.take(), Slices: w.slices.take(), Nodes: w.nodes.take(),
+		Namespaces: w.nss.take(), Rollouts: w.rollouts.take(), Periodic: periodic}
 	if ch.Empty() && !periodic && !w.sinkPending() {
 		return nil
 	}
@@ -191,6 +237,8 @@ func (w *Watcher) sync(periodic bool) error {
 		w.services.requeue(ch.Services)
 		w.slices.requeue(ch.Slices)
 		w.nodes.requeue(ch.Nodes)
+		w.nss.requeue(ch.Namespaces)
+		w.rollouts.requeue(ch.Rollouts)
 		return err
 	}
 	if w.sinkPending() {
@@ -256,6 +304,60 @@ func (w *Watcher) onNode(old, cur any) {
 		return
 	}
 	w.request(w.nodes.update(ref.Name, observe(o, model.ConvertNode), observe(c, model.ConvertNode), w.opts.Clock.Now()))
+}
+
+func (w *Watcher) onNamespace(old, cur any) {
+	o, _ := old.(*corev1.Namespace)
+	c, _ := cur.(*corev1.Namespace)
+	ref := c
+	if ref == nil {
+		ref = o
+	}
+	if ref == nil {
+		return
+	}
+	w.request(w.nss.update(ref.Name, observe(o, model.ConvertNamespace), observe(c, model.ConvertNamespace), w.opts.Clock.Now()))
+}
+
+func (w *Watcher) onRollout(old, cur any) {
+	o, c := toRollout(old), toRollout(cur)
+	ref := c
+	if ref == nil {
+		ref = o
+	}
+	if ref == nil {
+		return
+	}
+	w.request(w.rollouts.update(ref.Name, observe(o, model.ConvertRollout), observe(c, model.ConvertRollout), w.opts.Clock.Now()))
+}
+
+// toRollout converts an informer object (unstructured) to the typed
+// SchedulerRollout; nil if absent or not convertible.
+func toRollout(obj any) *v1alpha1.SchedulerRollout {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok || u == nil {
+		return nil
+	}
+	var r v1alpha1.SchedulerRollout
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &r); err != nil {
+		return nil
+	}
+	return &r
+}
+
+// Rollouts returns the SchedulerRollouts in the watch's cache (typed), for
+// the rollout controller; nil without Options.Rollouts.
+func (w *Watcher) Rollouts() []*v1alpha1.SchedulerRollout {
+	if w.rolloutInf == nil {
+		return nil
+	}
+	var out []*v1alpha1.SchedulerRollout
+	for _, o := range w.rolloutInf.GetStore().List() {
+		if r := toRollout(o); r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // observe converts a Kubernetes object; nil stays nil (absent).

@@ -169,9 +169,18 @@ type SchedulerRolloutStatus struct {
 
 // StepStatus is one step begun.
 type StepStatus struct {
-	Nodes     int32        `json:"nodes"`
-	StartTime metav1.Time  `json:"startTime"`
-	DoneTime  *metav1.Time `json:"doneTime,omitempty"`
+	// Nodes is the number of selected nodes the step covers (counted when
+	// it began).
+	Nodes int32 `json:"nodes"`
+	// Threshold: the step covers every selected node whose position (a hash
+	// of the rollout's UID and the node name, in [0, 2^62)) is below it, so
+	// every replica computes the same nodes, and a node that joins later
+	// and falls below it is covered too.
+	Threshold int64       `json:"threshold"`
+	StartTime metav1.Time `json:"startTime"`
+	// DoneTime is when every node of the step acknowledged the change.
+	// +optional
+	DoneTime *metav1.Time `json:"doneTime,omitempty"`
 }
 
 // NodeFailure is a node that did not take the change, and why.

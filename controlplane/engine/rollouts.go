@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/controlplane/watch"
+)
+
+// Scheduler rollouts in the engine: every replica computes, from the
+// rollouts' specs and the status the leader writes, which nodes each
+// rollout reached (model.Rollout.Reaches) and gives each Service the
+// rollouts that select it, newest first (translate.Input.Rollouts). The
+// leader (package rollout) only moves the status on; it never tells
+// replicas what to send.
+
+// reached is one rollout's assignment, computed once per change.
+type reached struct {
+	r  *model.Rollout
+	tr *translate.Rollout
+	// version identifies the assignment (scheduler, flags, nodes): a
+	// Service whose rollouts' versions did not change is not recomputed.
+	version string
+}
+
+// applyRollouts records namespace and rollout changes; if anything that
+// decides schedulers changed (rollouts, namespaces, or the node set or
+// labels), it recomputes every assignment and marks the Services whose
+// rollouts changed dirty.
+func (e *Engine) applyRollouts(w *work, ch *watch.Changes) {
+	for name, c := range ch.Namespaces {
+		if c.Current == nil || c.Current.Value == nil {
+			delete(e.namespaces, name)
+			continue
+		}
+		e.namespaces[name] = c.Current.Value
+	}
+	for name, c := range ch.Rollouts {
+		report(e, c.Current)
+		if c.Current == nil || c.Current.Value == nil {
+			delete(e.rollouts, name)
+			continue
+		}
+		e.rollouts[name] = c.Current.Value
+	}
+	if len(ch.Namespaces) == 0 && len(ch.Rollouts) == 0 && len(ch.Nodes) == 0 {
+		return
+	}
+	if len(e.rollouts) == 0 && len(e.reached) == 0 {
+		return // nothing to decide, before or after
+	}
+	e.reached = e.reached[:0]
+	for _, r := range e.rollouts {
+		if !r.Applies() {
+			continue
+		}
+		tr := &translate.Rollout{Name: r.Name, Scheduler: r.Scheduler, Flags: r.Flags, Nodes: map[string]struct{}{}}
+		for name, ne := range e.nodes {
+			if r.Reaches(ne.node) {
+				tr.Nodes[name] = struct{}{}
+			}
+		}
+		e.reached = append(e.reached, reached{r: r, tr: tr, version: assignmentVersion(tr)})
+	}
+	slices.SortFunc(e.reached, func(a, b reached) int { return model.CompareRollouts(a.r, b.r) })
+	for key, se := range e.services {
+		if se.svc == nil {
+			continue
+		}
+		if _, v := e.rolloutsFor(se.svc); v != se.rolloutVersion {
+			w.markDirty(key, time.Time{})
+		}
+	}
+}
+
+// rolloutsFor returns the rollouts that select svc, newest first, and a
+// version of that list.
+func (e *Engine) rolloutsFor(svc *model.Service) ([]*translate.Rollout, string) {
+	var out []*translate.Rollout
+	var versions []string
+	var nsLabels map[string]string
+	if ns := e.namespaces[svc.Key.Namespace]; ns != nil {
+		nsLabels = ns.Labels
+	}
+	for _, rc := range e.reached {
+		if rc.r.Selects(svc, nsLabels) {
+			out = append(out, rc.tr)
+			versions = append(versions, rc.version)
+		}
+	}
+	return out, strings.Join(versions, ",")
+}
+
+func assignmentVersion(tr *translate.Rollout) string {
+	h := sha256.New()
+	h.Write([]byte(tr.Name + "\x00" + tr.Scheduler + "\x00"))
+	for _, f := range tr.Flags {
+		h.Write([]byte(string(f) + ","))
+	}
+	for _, n := range slices.Sorted(maps.Keys(tr.Nodes)) {
+		h.Write([]byte("\x00" + n))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// RolloutNodes returns the nodes rollout name reached, sorted (nil if it
+// does not apply): for the rollout controller and inspection.
+func (e *Engine) RolloutNodes(name string) []string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, rc := range e.reached {
+		if rc.r.Name == name {
+			return slices.Sorted(maps.Keys(rc.tr.Nodes))
+		}
+	}
+	return nil
+}
+
+// NodesMatching returns the known nodes a selector-bearing rollout selects,
+// sorted by name (the rollout controller counts steps over them).
+func (e *Engine) NodesMatching(r *model.Rollout) []*model.Node {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var out []*model.Node
+	for _, ne := range e.nodes {
+		if r.NodeSelector.Matches(labels.Set(ne.node.Labels)) {
+			out = append(out, ne.node)
+		}
+	}
+	slices.SortFunc(out, func(a, b *model.Node) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// ServicesSelected returns the resource names of the Services rollout r
+// selects (for the controller: which resources must be acknowledged).
+func (e *Engine) ServicesSelected(r *model.Rollout) []model.ServiceKey {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var out []model.ServiceKey
+	for key, se := range e.services {
+		if se.svc == nil || se.svc.Scheduler != "" {
+			continue // a Service with its own scheduler is not the rollout's
+		}
+		var nsLabels map[string]string
+		if ns := e.namespaces[key.Namespace]; ns != nil {
+			nsLabels = ns.Labels
+		}
+		if r.Selects(se.svc, nsLabels) {
+			out = append(out, key)
+		}
+	}
+	slices.SortFunc(out, compareKeys)
+	return out
+}
