@@ -56,8 +56,9 @@ type SchedulerRolloutSpec struct {
 	// resume).
 	// +optional
 	Paused bool `json:"paused,omitempty"`
-	// Abort returns every node to its previous scheduler and ends the
-	// rollout (phase Aborted).
+	// Abort returns every node to its previous scheduler and ends an
+	// unfinished rollout (phase Aborted). A Succeeded rollout stays in effect
+	// until it is deleted (or a newer rollout changes the same Services).
 	// +optional
 	Abort bool `json:"abort,omitempty"`
 }
