@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -22,12 +23,14 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/engine"
 	"github.com/vsplane/vsplane/controlplane/inspect"
 	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
 	"github.com/vsplane/vsplane/controlplane/peers"
+	"github.com/vsplane/vsplane/controlplane/rollout"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
@@ -40,6 +43,15 @@ import (
 type Config struct {
 	// Kube is the API server client.
 	Kube kubernetes.Interface
+	// Rollouts enables SchedulerRollouts: the watch of vsplane.io/v1alpha1
+	// (the CRD must be installed) through Dynamic, and the leader-elected
+	// rollout controller (Lease RolloutLease, "namespace/name"; identity
+	// Advertise or the hostname).
+	Rollouts     bool
+	Dynamic      dynamic.Interface
+	RolloutLease string
+	// RolloutTiming overrides the election and pass timing (tests).
+	RolloutTiming *RolloutTiming
 	// GRPCListener serves the agent stream, inspection, health and reflection.
 	GRPCListener net.Listener
 	// TLS serves GRPCListener with TLS (internal/tlsfiles). Nil serves
@@ -81,6 +93,11 @@ type Config struct {
 	Logger                                  *zap.Logger
 }
 
+// RolloutTiming is the leader election's and the controller's pace.
+type RolloutTiming struct {
+	LeaseDuration, RenewDeadline, RetryPeriod, Interval time.Duration
+}
+
 // Replica is one running control-plane replica.
 type Replica struct {
 	cfg      Config
@@ -95,6 +112,8 @@ type Replica struct {
 	feed     *inspect.Feed
 	// Peers are the other replicas (nil without Config.Peers/PeerService).
 	Peers *peers.Peers
+	// Rollouts is the rollout controller (nil without Config.Rollouts).
+	Rollouts *rollout.Controller
 	// ready is closed after the first full computation was committed.
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -181,10 +200,49 @@ func New(cfg Config) (*Replica, error) {
 		ready:    ready,
 		Peers:    fleet,
 	}
-	if r.Watcher, err = watch.New(cfg.Kube, readySink{eng, r.markReady}, cfg.Watch, log.Named("watch")); err != nil {
+	wopts := cfg.Watch
+	wopts.Rollouts, wopts.Dynamic = cfg.Rollouts, cfg.Dynamic
+	if r.Watcher, err = watch.New(cfg.Kube, readySink{eng, r.markReady}, wopts, log.Named("watch")); err != nil {
 		return nil, fmt.Errorf("controlplane: watch: %w", err)
 	}
+	if cfg.Rollouts {
+		if r.Rollouts, err = newRolloutController(cfg, r, insp, log); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+func newRolloutController(cfg Config, r *Replica, insp *inspect.Server, log *zap.Logger) (*rollout.Controller, error) {
+	ns, name, ok := strings.Cut(cfg.RolloutLease, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, fmt.Errorf("controlplane: rollout lease %q: want namespace/name", cfg.RolloutLease)
+	}
+	id := cfg.Advertise
+	if id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, err
+		}
+		id = h
+	}
+	rc := rollout.Config{
+		Kube: cfg.Kube, Dynamic: cfg.Dynamic, LeaseNamespace: ns, LeaseName: name, Identity: id,
+		Rollouts: r.Watcher.Rollouts, Engine: r.Engine, Desired: r.Store,
+		Agents: func(ctx context.Context, names []string) ([]*vsplanev1.AgentInfo, error) {
+			resp, err := insp.ListAgents(ctx, &vsplanev1.ListAgentsRequest{VersionsOf: names})
+			return resp.GetAgents(), err
+		},
+		Logger: log.Named("rollout"),
+	}
+	if t := cfg.RolloutTiming; t != nil {
+		rc.LeaseDuration, rc.RenewDeadline, rc.RetryPeriod, rc.Interval = t.LeaseDuration, t.RenewDeadline, t.RetryPeriod, t.Interval
+	}
+	c, err := rollout.New(rc)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: %w", err)
+	}
+	return c, nil
 }
 
 // inspectionOnly applies authorize to InspectService calls; agent streams
@@ -246,6 +304,18 @@ func (s readySink) Apply(ctx context.Context, ch *watch.Changes) error {
 func (r *Replica) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(r.Watcher.Run(ctx)) })
+	if r.Rollouts != nil {
+		g.Go(func() error {
+			// Only a replica that serves (synced, first computation done)
+			// may lead: it must see every rollout and node.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-r.ready:
+			}
+			return ignoreCanceled(r.Rollouts.Run(ctx))
+		})
+	}
 	if r.Peers != nil {
 		defer r.Peers.Close()
 		if ns, name, ok := strings.Cut(r.cfg.PeerService, "/"); ok {

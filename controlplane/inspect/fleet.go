@@ -65,12 +65,17 @@ func (s *Server) fleetWide(scope vsplanev1.Scope) bool {
 }
 
 // localAgents is this replica's agents, tagged with its address.
-func (s *Server) localAgents(omitVersions bool) []*vsplanev1.AgentInfo {
-	infos := s.agents.ListAgents()
+func (s *Server) localAgents(omitVersions bool, versionsOf []string) []*vsplanev1.AgentInfo {
+	var infos []*vsplanev1.AgentInfo
+	if len(versionsOf) > 0 {
+		infos = s.agents.ListAgentsOf(versionsOf)
+	} else {
+		infos = s.agents.ListAgents()
+	}
 	for _, in := range infos {
 		in.Replica = s.self()
 		if omitVersions {
-			in.AcknowledgedVersions = nil
+			in.AcknowledgedVersions, in.Nacked = nil, nil
 		}
 	}
 	return infos

@@ -26,6 +26,9 @@ import (
 type Agents interface {
 	// ListAgents returns every connected agent, sorted by node name.
 	ListAgents() []*vsplanev1.AgentInfo
+	// ListAgentsOf is ListAgents reporting only the resources names
+	// (acknowledged and NACKed versions), without pending counts.
+	ListAgentsOf(names []string) []*vsplanev1.AgentInfo
 	// Agent returns one connected node's info (false if not connected).
 	Agent(node string) (*vsplanev1.AgentInfo, bool)
 	// LastStatus returns the last AgentStatus the node's agent sent (nil if
@@ -88,12 +91,13 @@ func NewServer(cfg Config) *Server {
 // ListAgents lists the agents connected to any replica (this one only with
 // SCOPE_REPLICA).
 func (s *Server) ListAgents(ctx context.Context, req *vsplanev1.ListAgentsRequest) (*vsplanev1.ListAgentsResponse, error) {
-	local := s.localAgents(req.GetOmitVersions())
+	local := s.localAgents(req.GetOmitVersions(), req.GetVersionsOf())
 	if !s.fleetWide(req.GetScope()) {
 		return &vsplanev1.ListAgentsResponse{Agents: local}, nil
 	}
 	answers, failed := fanOut(ctx, s.peers, func(ctx context.Context, c vsplanev1.InspectServiceClient) (*vsplanev1.ListAgentsResponse, error) {
-		return c.ListAgents(ctx, &vsplanev1.ListAgentsRequest{Scope: vsplanev1.Scope_SCOPE_REPLICA, OmitVersions: req.GetOmitVersions()})
+		return c.ListAgents(ctx, &vsplanev1.ListAgentsRequest{Scope: vsplanev1.Scope_SCOPE_REPLICA,
+			OmitVersions: req.GetOmitVersions(), VersionsOf: req.GetVersionsOf()})
 	})
 	lists := [][]*vsplanev1.AgentInfo{local}
 	for _, a := range answers {

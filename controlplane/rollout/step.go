@@ -17,8 +17,8 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/vsplane/vsplane/controlplane/apis/v1alpha1"
@@ -72,7 +72,7 @@ type View struct {
 
 // Event is a Kubernetes Event to record on the rollout.
 type Event struct {
-	Warning        bool
+	Warning         bool
 	Reason, Message string
 }
 

@@ -171,10 +171,13 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 	for name, v := range d.upserts {
 		ss.sent[name] = v
 	}
+	ss.st.mu.Lock()
 	for _, name := range removed {
 		delete(ss.sent, name)
 		delete(ss.nacked, name)
+		delete(ss.st.nackErrs, name)
 	}
+	ss.st.mu.Unlock()
 	ss.inflight = append(ss.inflight, d)
 	ss.firstSent = true
 	ss.log.Debug("sent delta", zap.String("nonce", d.nonce), zap.Int("resources", len(upserts)),

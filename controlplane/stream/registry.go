@@ -34,12 +34,15 @@ type agentState struct {
 	connectedSince time.Time
 	capabilities   *vsplanev1.Capabilities
 	acked          map[string]string
-	nacks          uint64
-	lastNackError  string
-	lastAck        time.Time
-	lastApply      time.Duration
-	lastOps        map[string]uint32
-	lastStatus     *vsplanev1.AgentStatus
+	// nackErrs: name -> "version: message" of the versions the agent
+	// NACKed and has not applied since.
+	nackErrs      map[string]string
+	nacks         uint64
+	lastNackError string
+	lastAck       time.Time
+	lastApply     time.Duration
+	lastOps       map[string]uint32
+	lastStatus    *vsplanev1.AgentStatus
 }
 
 func newRegistry(src Source) *Registry {
@@ -92,6 +95,25 @@ func (r *Registry) ListAgents() []*vsplanev1.AgentInfo {
 	return out
 }
 
+// ListAgentsOf is ListAgents for the resources names only: each AgentInfo's
+// acknowledged_versions and nacked hold just those names, and pending and
+// lag are not computed (O(names) per agent, not O(node size)).
+func (r *Registry) ListAgentsOf(names []string) []*vsplanev1.AgentInfo {
+	r.mu.Lock()
+	states := make([]*agentState, 0, len(r.byNode))
+	for _, st := range r.byNode {
+		states = append(states, st)
+	}
+	r.mu.Unlock()
+	sort.Slice(states, func(i, j int) bool { return states[i].node < states[j].node })
+	out := make([]*vsplanev1.AgentInfo, 0, len(states))
+	for _, st := range states {
+		info := st.baseInfo(names)
+		out = append(out, info)
+	}
+	return out
+}
+
 // Agent returns one node's info.
 func (r *Registry) Agent(node string) (*vsplanev1.AgentInfo, bool) {
 	r.mu.Lock()
@@ -119,16 +141,35 @@ func (r *Registry) LastStatus(node string) *vsplanev1.AgentStatus {
 	return proto.Clone(st.lastStatus).(*vsplanev1.AgentStatus)
 }
 
-func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
+// baseInfo copies st into an AgentInfo; names, if non-nil, restricts the
+// acknowledged and nacked maps to those resources.
+func (st *agentState) baseInfo(names []string) *vsplanev1.AgentInfo {
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	info := &vsplanev1.AgentInfo{
-		NodeName:             st.node,
-		AgentVersion:         st.agentVersion,
-		Peer:                 st.peer,
-		ConnectedSince:       timestamppb.New(st.connectedSince),
-		AcknowledgedVersions: maps.Clone(st.acked),
-		Nacks:                st.nacks,
-		LastNackError:        st.lastNackError,
+		NodeName:       st.node,
+		AgentVersion:   st.agentVersion,
+		Peer:           st.peer,
+		ConnectedSince: timestamppb.New(st.connectedSince),
+		Nacks:          st.nacks,
+		LastNackError:  st.lastNackError,
+	}
+	if names == nil {
+		info.AcknowledgedVersions = maps.Clone(st.acked)
+		info.Nacked = maps.Clone(st.nackErrs)
+	} else {
+		info.AcknowledgedVersions = map[string]string{}
+		for _, n := range names {
+			if v, ok := st.acked[n]; ok {
+				info.AcknowledgedVersions[n] = v
+			}
+			if e, ok := st.nackErrs[n]; ok {
+				if info.Nacked == nil {
+					info.Nacked = map[string]string{}
+				}
+				info.Nacked[n] = e
+			}
+		}
 	}
 	if st.capabilities != nil {
 		info.Capabilities = proto.Clone(st.capabilities).(*vsplanev1.Capabilities)
@@ -138,7 +179,11 @@ func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
 		info.LastApplyDuration = durationpb.New(st.lastApply)
 		info.LastKernelOperations = maps.Clone(st.lastOps)
 	}
-	st.mu.Unlock()
+	return info
+}
+
+func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
+	info := st.baseInfo(nil)
 	if info.AcknowledgedVersions == nil {
 		info.AcknowledgedVersions = map[string]string{}
 	}

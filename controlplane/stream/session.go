@@ -323,6 +323,7 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 		for name, v := range msg.Status.GetRecovered() {
 			if nv, ok := ss.nacked[name]; ok && nv == v {
 				delete(ss.nacked, name)
+				delete(ss.st.nackErrs, name)
 				ss.st.acked[name] = v
 				healed = append(healed, name)
 			}
@@ -371,13 +372,22 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 	allFailed := ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK && (len(failed) == 0 || unnamed)
 
 	ss.st.mu.Lock()
+	if ss.st.nackErrs == nil {
+		ss.st.nackErrs = map[string]string{}
+	}
 	for name, v := range d.upserts {
-		if _, bad := failed[name]; bad || allFailed {
+		if e, bad := failed[name]; bad || allFailed {
 			ss.nacked[name] = v
+			msg := "NACK without a message for this resource"
+			if bad {
+				msg = e.GetMessage()
+			}
+			ss.st.nackErrs[name] = v + ": " + msg
 			continue
 		}
 		ss.st.acked[name] = v
 		delete(ss.nacked, name)
+		delete(ss.st.nackErrs, name)
 	}
 	for _, name := range d.removed {
 		if _, bad := failed[name]; bad || allFailed {

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -65,6 +66,8 @@ func run() error {
 		peerToken     = flag.String("peer-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token", "token this replica presents to its peers (needs get inspection.vsplane.io)")
 		agentSA       = flag.String("agent-service-account", "vsplane-system/vsplane-agent", "comma-separated namespace/name of the ServiceAccounts agents run as")
 		insecure      = flag.Bool("insecure-plaintext", false, "local development only: no TLS, no agent authentication, no inspection authorization; --listen must be a loopback address")
+		rollouts      = flag.Bool("rollouts", true, "watch SchedulerRollouts (vsplane.io/v1alpha1; the CRD must be installed) and take part in electing their leader")
+		rolloutLease  = flag.String("rollout-lease", "vsplane-system/vsplane-rollout-leader", "namespace/name of the Lease the replicas elect the rollout leader with")
 		advertise     = flag.String("advertise-address", "", "this replica's gRPC address as the other replicas reach it (default: $POD_IP and the --listen port)")
 		peerList      = flag.String("peers", "", "comma-separated gRPC addresses of the other replicas (static; see --peer-service)")
 		peerService   = flag.String("peer-service", "", "namespace/name of a Service whose EndpointSlices (port \"grpc\") list the replicas, for the fleet-wide inspection view")
@@ -146,6 +149,12 @@ func run() error {
 		}
 	}
 	cfg.PeerService = *peerService
+	if *rollouts {
+		if cfg.Dynamic, err = dynamic.NewForConfig(restCfg); err != nil {
+			return err
+		}
+		cfg.Rollouts, cfg.RolloutLease = true, *rolloutLease
+	}
 	for _, p := range strings.Split(*peerList, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			cfg.Peers = append(cfg.Peers, p)

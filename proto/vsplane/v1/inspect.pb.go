@@ -140,7 +140,11 @@ type ListAgentsRequest struct {
 	Scope Scope                  `protobuf:"varint,1,opt,name=scope,proto3,enum=vsplane.v1.Scope" json:"scope,omitempty"`
 	// Leave out acknowledged_versions (one entry per resource per agent), for
 	// a compact fleet summary.
-	OmitVersions  bool `protobuf:"varint,2,opt,name=omit_versions,json=omitVersions,proto3" json:"omit_versions,omitempty"`
+	OmitVersions bool `protobuf:"varint,2,opt,name=omit_versions,json=omitVersions,proto3" json:"omit_versions,omitempty"`
+	// If set, acknowledged_versions and nacked hold only these resource names,
+	// and pending_resources and lag are not computed (the rollout leader asks
+	// for the Services of a rollout).
+	VersionsOf    []string `protobuf:"bytes,3,rep,name=versions_of,json=versionsOf,proto3" json:"versions_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +191,13 @@ func (x *ListAgentsRequest) GetOmitVersions() bool {
 		return x.OmitVersions
 	}
 	return false
+}
+
+func (x *ListAgentsRequest) GetVersionsOf() []string {
+	if x != nil {
+		return x.VersionsOf
+	}
+	return nil
 }
 
 // ListAgentsResponse lists agents, sorted by node name.
@@ -266,7 +277,10 @@ type AgentInfo struct {
 	// resources the agent has not acknowledged yet; zero when in sync.
 	Lag *durationpb.Duration `protobuf:"bytes,13,opt,name=lag,proto3" json:"lag,omitempty"`
 	// The replica (its advertised gRPC address) the agent is connected to.
-	Replica       string `protobuf:"bytes,14,opt,name=replica,proto3" json:"replica,omitempty"`
+	Replica string `protobuf:"bytes,14,opt,name=replica,proto3" json:"replica,omitempty"`
+	// Resources whose current version the agent NACKed: name -> "version:
+	// message" (with versions_of, only those names).
+	Nacked        map[string]string `protobuf:"bytes,15,rep,name=nacked,proto3" json:"nacked,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,6 +411,13 @@ func (x *AgentInfo) GetReplica() string {
 		return x.Replica
 	}
 	return ""
+}
+
+func (x *AgentInfo) GetNacked() map[string]string {
+	if x != nil {
+		return x.Nacked
+	}
+	return nil
 }
 
 // GetNodeSnapshotRequest names a node.
@@ -934,13 +955,15 @@ var File_vsplane_v1_inspect_proto protoreflect.FileDescriptor
 const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\n" +
 	"\x18vsplane/v1/inspect.proto\x12\n" +
-	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"a\n" +
+	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\x1a\x19vsplane/v1/snapshot.proto\"\x82\x01\n" +
 	"\x11ListAgentsRequest\x12'\n" +
 	"\x05scope\x18\x01 \x01(\x0e2\x11.vsplane.v1.ScopeR\x05scope\x12#\n" +
-	"\romit_versions\x18\x02 \x01(\bR\fomitVersions\"v\n" +
+	"\romit_versions\x18\x02 \x01(\bR\fomitVersions\x12\x1f\n" +
+	"\vversions_of\x18\x03 \x03(\tR\n" +
+	"versionsOf\"v\n" +
 	"\x12ListAgentsResponse\x12-\n" +
 	"\x06agents\x18\x01 \x03(\v2\x15.vsplane.v1.AgentInfoR\x06agents\x121\n" +
-	"\x14unreachable_replicas\x18\x02 \x03(\tR\x13unreachableReplicas\"\xf7\x06\n" +
+	"\x14unreachable_replicas\x18\x02 \x03(\tR\x13unreachableReplicas\"\xed\a\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12\x12\n" +
@@ -956,13 +979,17 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\x13last_apply_duration\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11lastApplyDuration\x12e\n" +
 	"\x16last_kernel_operations\x18\f \x03(\v2/.vsplane.v1.AgentInfo.LastKernelOperationsEntryR\x14lastKernelOperations\x12+\n" +
 	"\x03lag\x18\r \x01(\v2\x19.google.protobuf.DurationR\x03lag\x12\x18\n" +
-	"\areplica\x18\x0e \x01(\tR\areplica\x1aG\n" +
+	"\areplica\x18\x0e \x01(\tR\areplica\x129\n" +
+	"\x06nacked\x18\x0f \x03(\v2!.vsplane.v1.AgentInfo.NackedEntryR\x06nacked\x1aG\n" +
 	"\x19AcknowledgedVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
 	"\x19LastKernelOperationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"5\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a9\n" +
+	"\vNackedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"5\n" +
 	"\x16GetNodeSnapshotRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\x91\x01\n" +
 	"\x17GetNodeSnapshotResponse\x12\x1b\n" +
@@ -1031,7 +1058,7 @@ func file_vsplane_v1_inspect_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_vsplane_v1_inspect_proto_goTypes = []any{
 	(Scope)(0),                      // 0: vsplane.v1.Scope
 	(AcknowledgementState)(0),       // 1: vsplane.v1.AcknowledgementState
@@ -1048,48 +1075,50 @@ var file_vsplane_v1_inspect_proto_goTypes = []any{
 	(*WatchDeltasResponse)(nil),     // 12: vsplane.v1.WatchDeltasResponse
 	nil,                             // 13: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
 	nil,                             // 14: vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	(*timestamppb.Timestamp)(nil),   // 15: google.protobuf.Timestamp
-	(*Capabilities)(nil),            // 16: vsplane.v1.Capabilities
-	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
-	(*Resource)(nil),                // 18: vsplane.v1.Resource
-	(*AgentStatus)(nil),             // 19: vsplane.v1.AgentStatus
-	(*ServiceState)(nil),            // 20: vsplane.v1.ServiceState
-	(*Delta)(nil),                   // 21: vsplane.v1.Delta
+	nil,                             // 15: vsplane.v1.AgentInfo.NackedEntry
+	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
+	(*Capabilities)(nil),            // 17: vsplane.v1.Capabilities
+	(*durationpb.Duration)(nil),     // 18: google.protobuf.Duration
+	(*Resource)(nil),                // 19: vsplane.v1.Resource
+	(*AgentStatus)(nil),             // 20: vsplane.v1.AgentStatus
+	(*ServiceState)(nil),            // 21: vsplane.v1.ServiceState
+	(*Delta)(nil),                   // 22: vsplane.v1.Delta
 }
 var file_vsplane_v1_inspect_proto_depIdxs = []int32{
 	0,  // 0: vsplane.v1.ListAgentsRequest.scope:type_name -> vsplane.v1.Scope
 	4,  // 1: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
-	15, // 2: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
-	16, // 3: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
+	16, // 2: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
+	17, // 3: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
 	13, // 4: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	15, // 5: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
-	17, // 6: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
+	16, // 5: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
+	18, // 6: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
 	14, // 7: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	17, // 8: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
-	18, // 9: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
-	0,  // 10: vsplane.v1.GetNodeStatusRequest.scope:type_name -> vsplane.v1.Scope
-	4,  // 11: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
-	19, // 12: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
-	0,  // 13: vsplane.v1.ExplainServiceRequest.scope:type_name -> vsplane.v1.Scope
-	20, // 14: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
-	1,  // 15: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
-	15, // 16: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
-	21, // 17: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
-	2,  // 18: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
-	5,  // 19: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
-	7,  // 20: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
-	9,  // 21: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
-	11, // 22: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
-	3,  // 23: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
-	6,  // 24: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
-	8,  // 25: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
-	10, // 26: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
-	12, // 27: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	18, // 8: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
+	15, // 9: vsplane.v1.AgentInfo.nacked:type_name -> vsplane.v1.AgentInfo.NackedEntry
+	19, // 10: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
+	0,  // 11: vsplane.v1.GetNodeStatusRequest.scope:type_name -> vsplane.v1.Scope
+	4,  // 12: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
+	20, // 13: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
+	0,  // 14: vsplane.v1.ExplainServiceRequest.scope:type_name -> vsplane.v1.Scope
+	21, // 15: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
+	1,  // 16: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
+	16, // 17: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
+	22, // 18: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
+	2,  // 19: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
+	5,  // 20: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
+	7,  // 21: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
+	9,  // 22: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
+	11, // 23: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
+	3,  // 24: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
+	6,  // 25: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
+	8,  // 26: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
+	10, // 27: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
+	12, // 28: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_inspect_proto_init() }
@@ -1105,7 +1134,7 @@ func file_vsplane_v1_inspect_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_inspect_proto_rawDesc), len(file_vsplane_v1_inspect_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
