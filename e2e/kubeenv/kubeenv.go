@@ -73,6 +73,8 @@ type Env struct {
 	Host string
 	// EtcdURL is the etcd client URL.
 	EtcdURL string
+	// BinDir holds the kube binaries (kube-apiserver, etcd, kubectl).
+	BinDir string
 	// ServiceAccountKey is the PEM key the apiserver signs ServiceAccount
 	// tokens with (tests forge expired tokens with it).
 	ServiceAccountKey string
@@ -246,6 +248,7 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 	}
 	args = append(args, opts.ExtraAPIServerFlags...)
 	e.apiBin, e.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
+	e.BinDir = binDir
 	e.ServiceAccountKey = files.saKey
 	cfg, hc, err := clientConfig(e.Host, p)
 	if err != nil {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from Go modules into
+# Builds kube-apiserver, etcd and kubectl from Go modules into
 #   <repo>/.cache/kube/<k8s-version>-<etcd-version>/bin/
 # Only Go and the Go module proxy are needed. Idempotent: when both binaries
 # already exist it prints the bin dir and exits at once.
@@ -31,7 +31,7 @@ k8s_ver="$(modver "$here/apiserver/go.mod" k8s.io/kubernetes)"
 etcd_ver="$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 bin="$repo/.cache/kube/${k8s_ver}-${etcd_ver}/bin"
 
-if [[ -x "$bin/kube-apiserver" && -x "$bin/etcd" ]]; then
+if [[ -x "$bin/kube-apiserver" && -x "$bin/etcd" && -x "$bin/kubectl" ]]; then
 	echo "kube binaries already built" >&2
 	echo "$bin"
 	exit 0
@@ -67,6 +67,10 @@ k8s_minor="$(echo "$k8s_ver" | cut -d. -f2)"
 vpkg=k8s.io/component-base/version
 build etcd "$here/etcd" go.etcd.io/etcd/server/v3 ""
 build kube-apiserver "$here/apiserver" k8s.io/kubernetes/cmd/kube-apiserver \
+	"-X $vpkg.gitVersion=$k8s_ver -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$k8s_minor -X $vpkg.gitTreeState=clean"
+# kubectl for the demo's hints and the README's walkthroughs (about 1 more
+# CPU-minute: it shares most packages with kube-apiserver).
+build kubectl "$here/apiserver" k8s.io/kubernetes/cmd/kubectl \
 	"-X $vpkg.gitVersion=$k8s_ver -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$k8s_minor -X $vpkg.gitTreeState=clean"
 
 echo "== done in $((SECONDS - start_all))s" >&2

@@ -159,10 +159,11 @@ func run() error {
   $G %[1]s list
   $G -H "$T" %[1]s vsplane.v1.InspectService/ListAgents
   $G -H "$T" -d '{"node_name":"node2"}' %[1]s vsplane.v1.InspectService/GetNodeSnapshot
-  kubeconfig: %[3]s   e.g. kubectl --kubeconfig %[3]s -n demo get svc,endpointslices
+  kubectl:    %[8]s --kubeconfig %[3]s -n demo get svc,endpointslices
+              %[8]s --kubeconfig %[3]s get schedulerrollouts
   apiserver:  %[4]s
   change the Service's endpoints or add Services with the kubeconfig; the agents program node1/node2.
-`, cp, grpcurl, c.Env.Kubeconfig, c.Env.Host, c.Sec.Files.CA, c.Sec.ServerName, c.Sec.TokenFile)
+`, cp, grpcurl, c.Env.Kubeconfig, c.Env.Host, c.Sec.Files.CA, c.Sec.ServerName, c.Sec.TokenFile, filepath.Join(c.Env.BinDir, "kubectl"))
 	if *duration > 0 {
 		fmt.Printf("\nrunning for %v (Ctrl-C stops earlier)\n", *duration)
 		select {
