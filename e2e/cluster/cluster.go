@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/controlplane/app"
@@ -186,6 +188,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.setupSecurity(ctx); err != nil {
 		return nil, fmt.Errorf("TLS and tokens: %w", err)
 	}
+	root, err := vm.FindRepoRoot(".")
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Env.InstallCRDs(ctx, filepath.Join(root, "deploy", "crds")); err != nil {
+		return nil, err
+	}
 	var fwd []int
 	if opts.Replicas > 0 {
 		if err := c.startReplicaProcs(ctx, opts.Replicas); err != nil {
@@ -246,12 +255,22 @@ func (c *Cluster) startReplica(opts Options, log *zap.Logger) error {
 		ln.Close()
 		return err
 	}
+	dyn, err := dynamic.NewForConfig(c.Env.RESTConfig())
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	c.Replica, err = app.New(app.Config{
 		Kube:         c.Kube,
 		GRPCListener: ln,
 		TLS:          srv.Config(),
 		AgentAuth:    auth.NewAgents(c.Kube, SystemNamespace+"/"+AgentServiceAccount).Node,
 		InspectAuth:  auth.NewInspectors(c.Kube).Authorize,
+		Rollouts:     true,
+		Dynamic:      dyn,
+		RolloutLease: SystemNamespace + "/vsplane-rollout-leader",
+		RolloutTiming: &app.RolloutTiming{LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second,
+			RetryPeriod: 500 * time.Millisecond, Interval: 500 * time.Millisecond},
 		Watch:        watch.Options{MinInterval: 50 * time.Millisecond},
 		// The pod CIDRs are the cluster CIDRs: traffic from the client (a node-
 		// network address) to a ClusterIP is then masqueraded like kube-proxy

@@ -28,7 +28,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vsplane/vsplane/controlplane/app"
@@ -77,12 +79,39 @@ func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The replica runs as its ServiceAccount with deploy/rbac.yaml's
+	// permissions only: if they lacked a read, a review or the rollout
+	// leader's Lease, it would never become ready or lead.
+	if err := env.InstallCRDs(ctx, filepath.Join("..", "..", "deploy", "crds")); err != nil {
+		t.Fatal(err)
+	}
+	cpToken, err := kube.CoreV1().ServiceAccounts(sysNS).CreateToken(ctx, "vsplane-controlplane", &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asCP := rest.AnonymousClientConfig(env.RESTConfig())
+	asCP.BearerToken = cpToken.Status.Token
+	cpKube, err := kubernetes.NewForConfig(asCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpDyn, err := dynamic.NewForConfig(asCP)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ln := listen(t)
 	addr := ln.Addr().String()
-	replica, _ := runReplica(t, ctx, app.Config{Kube: kube, GRPCListener: ln, TLS: srv.Config(),
-		AgentAuth:   auth.NewAgents(kube, sysNS+"/vsplane-agent").Node,
-		InspectAuth: auth.NewInspectors(kube).Authorize})
-	<-replica.Ready()
+	replica, _ := runReplica(t, ctx, app.Config{Kube: cpKube, GRPCListener: ln, TLS: srv.Config(),
+		AgentAuth:   auth.NewAgents(cpKube, sysNS+"/vsplane-agent").Node,
+		InspectAuth: auth.NewInspectors(cpKube).Authorize,
+		Rollouts:    true, Dynamic: cpDyn, RolloutLease: sysNS + "/vsplane-rollout-leader"})
+	awaitReady(t, replica, converge)
+	eventually(t, converge, func() string {
+		if !replica.Rollouts.Leading() {
+			return "the replica does not lead rollouts (Lease permissions?)"
+		}
+		return ""
+	})
 	cli, err := tlsfiles.NewClient(files.CA, testpki.ServerName)
 	if err != nil {
 		t.Fatal(err)
@@ -272,6 +301,14 @@ func applyManifest(t *testing.T, ctx context.Context, kube kubernetes.Interface,
 			var o rbacv1.ClusterRoleBinding
 			mustYAML(t, doc, &o)
 			_, err = kube.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
+		case "Role":
+			var o rbacv1.Role
+			mustYAML(t, doc, &o)
+			_, err = kube.RbacV1().Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		case "RoleBinding":
+			var o rbacv1.RoleBinding
+			mustYAML(t, doc, &o)
+			_, err = kube.RbacV1().RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
 		default:
 			t.Fatalf("%s: unexpected kind %q", path, meta.Kind)
 		}

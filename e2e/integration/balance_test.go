@@ -83,7 +83,7 @@ func TestAgentsSpreadOverReplicas(t *testing.T) {
 	}
 	for i := range 3 {
 		replicas[i], stops[i] = runReplica(t, ctx, cfg(i, lns[i]))
-		<-replicas[i].Ready()
+		awaitReady(t, replicas[i], converge)
 	}
 	stateDir := t.TempDir()
 	agents := make([]*testAgent, agentsN)
@@ -167,7 +167,7 @@ func TestAgentsSpreadOverReplicas(t *testing.T) {
 		c := cfg(i, ln)
 		c.MaxConnectionAge, c.MaxConnectionAgeGrace = age, time.Second
 		replicas[i], _ = runReplica(t, ctx, c)
-		<-replicas[i].Ready()
+		awaitReady(t, replicas[i], converge)
 		restarted = time.Now()
 	}
 	// Wait until every agent connected after its connection had to age out

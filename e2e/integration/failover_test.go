@@ -61,7 +61,7 @@ func TestReplicaFailoverAtScale(t *testing.T) {
 		return cfg
 	}
 	replicaA, stopA := runReplica(t, ctx, replicaCfg(lnA, kube, nil))
-	<-replicaA.Ready()
+	awaitReady(t, replicaA, converge)
 
 	kernels := make([]*memory.Kernel, nodes)
 	agents := make([]*testAgent, nodes)
@@ -155,7 +155,7 @@ func TestReplicaFailoverAtScale(t *testing.T) {
 
 	// The fleet-wide view: C, with no agent of its own, answers for all.
 	replicaC, _ := runReplica(t, ctx, replicaCfg(lnC, kube, nil))
-	<-replicaC.Ready()
+	awaitReady(t, replicaC, converge)
 	conn, err := grpc.NewClient(addrC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

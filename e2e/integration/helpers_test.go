@@ -320,3 +320,13 @@ func diffState(got, want map[string][]string) string {
 	}
 	return ""
 }
+
+// awaitReady waits (bounded) until the replica serves.
+func awaitReady(t *testing.T, r *app.Replica, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-r.Ready():
+	case <-time.After(timeout):
+		t.Fatalf("replica not ready within %v (informers not synced: missing permissions or CRD?)", timeout)
+	}
+}

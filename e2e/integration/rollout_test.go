@@ -60,7 +60,7 @@ func TestSchedulerRollouts(t *testing.T) {
 			RolloutTiming: &app.RolloutTiming{LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 300 * time.Millisecond, Interval: 200 * time.Millisecond}})
 	}
 	for _, r := range replicas {
-		<-r.Ready()
+		awaitReady(t, r, converge)
 	}
 	kernels := map[string]*memory.Kernel{}
 	var agents []*testAgent
