@@ -114,6 +114,8 @@ type Replica struct {
 	Peers *peers.Peers
 	// Rollouts is the rollout controller (nil without Config.Rollouts).
 	Rollouts *rollout.Controller
+	// Inspect is the inspection service (tests call it directly).
+	Inspect *inspect.Server
 	// ready is closed after the first full computation was committed.
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -199,6 +201,7 @@ func New(cfg Config) (*Replica, error) {
 		Metrics:  metrics,
 		ready:    ready,
 		Peers:    fleet,
+		Inspect:  insp,
 	}
 	wopts := cfg.Watch
 	wopts.Rollouts, wopts.Dynamic = cfg.Rollouts, cfg.Dynamic
@@ -209,6 +212,7 @@ func New(cfg Config) (*Replica, error) {
 		if r.Rollouts, err = newRolloutController(cfg, r, insp, log); err != nil {
 			return nil, err
 		}
+		insp.SetRollouts(r.Rollouts)
 	}
 	return r, nil
 }

@@ -17,6 +17,9 @@ package inspect
 import (
 	"context"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/vsplane/vsplane/controlplane/model"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -68,6 +71,15 @@ type Config struct {
 	// Peers, if set, makes ListAgents, GetNodeStatus and ExplainService
 	// answer for the agents of every replica (fleet.go).
 	Peers Peers
+	// Rollouts, if set, serves GetRollout (*rollout.Controller).
+	Rollouts Rollouts
+}
+
+// Rollouts describes SchedulerRollouts per node.
+type Rollouts interface {
+	// Progress returns rollout name's per-node progress (false: no such
+	// rollout).
+	Progress(ctx context.Context, name string) (*vsplanev1.GetRolloutResponse, bool, error)
 }
 
 // Server implements vsplanev1.InspectServiceServer. It never changes state.
@@ -78,6 +90,7 @@ type Server struct {
 	problems  Problems
 	feed      *Feed
 	peers     Peers
+	rollouts  Rollouts
 }
 
 var _ vsplanev1.InspectServiceServer = (*Server)(nil)
@@ -85,7 +98,7 @@ var _ vsplanev1.InspectServiceServer = (*Server)(nil)
 // NewServer returns an inspection server over cfg; cfg.Agents and
 // cfg.Snapshots must be non-nil.
 func NewServer(cfg Config) *Server {
-	return &Server{agents: cfg.Agents, snapshots: cfg.Snapshots, problems: cfg.Problems, feed: cfg.Feed, peers: cfg.Peers}
+	return &Server{agents: cfg.Agents, snapshots: cfg.Snapshots, problems: cfg.Problems, feed: cfg.Feed, peers: cfg.Peers, rollouts: cfg.Rollouts}
 }
 
 // ListAgents lists the agents connected to any replica (this one only with
@@ -118,4 +131,26 @@ func (s *Server) GetNodeSnapshot(_ context.Context, req *vsplanev1.GetNodeSnapsh
 	}
 	// Resources are shared and immutable; the response only reads them.
 	return &vsplanev1.GetNodeSnapshotResponse{NodeName: node, SystemVersion: sv, Resources: res}, nil
+}
+
+// SetRollouts installs the rollout view (it needs this server for the fleet
+// view, so it is made after it); call before serving.
+func (s *Server) SetRollouts(r Rollouts) { s.rollouts = r }
+
+// GetRollout shows a SchedulerRollout's per-node progress.
+func (s *Server) GetRollout(ctx context.Context, req *vsplanev1.GetRolloutRequest) (*vsplanev1.GetRolloutResponse, error) {
+	if err := checkName("name", req.GetName()); err != nil {
+		return nil, err
+	}
+	if s.rollouts == nil {
+		return nil, status.Error(codes.Unimplemented, "this control plane runs without SchedulerRollouts (--rollouts=false)")
+	}
+	resp, ok, err := s.rollouts.Progress(ctx, req.GetName())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "rollout %q: %v", req.GetName(), err)
+	}
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "no SchedulerRollout %q", req.GetName())
+	}
+	return resp, nil
 }

@@ -178,12 +178,11 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	}
 }
 
-func (c *Controller) reconcileOne(ctx context.Context, ro *v1alpha1.SchedulerRollout, blockedBy string) error {
+// view gathers what Next decides from: the selected nodes, their agents'
+// reports on the selected Services (fleet-wide) and the Services' names.
+func (c *Controller) view(ctx context.Context, ro *v1alpha1.SchedulerRollout) (View, []model.ServiceKey, error) {
 	m, _ := model.ConvertRollout(ro)
-	if blockedBy == ro.Name {
-		blockedBy = ""
-	}
-	view := View{Now: c.cfg.Now(), BlockedBy: blockedBy}
+	view := View{Now: c.cfg.Now()}
 	nodes := c.cfg.Engine.NodesMatching(m)
 	services := c.cfg.Engine.ServicesSelected(m)
 	names := make([]string, len(services))
@@ -192,7 +191,7 @@ func (c *Controller) reconcileOne(ctx context.Context, ro *v1alpha1.SchedulerRol
 	}
 	agents, err := c.cfg.Agents(ctx, names)
 	if err != nil {
-		return fmt.Errorf("agents: %w", err)
+		return View{}, nil, fmt.Errorf("agents: %w", err)
 	}
 	byNode := make(map[string]*vsplanev1.AgentInfo, len(agents))
 	for _, a := range agents {
@@ -209,6 +208,17 @@ func (c *Controller) reconcileOne(ctx context.Context, ro *v1alpha1.SchedulerRol
 			nd.Reason = "agent not connected"
 		}
 		view.Nodes = append(view.Nodes, nd)
+	}
+	return view, services, nil
+}
+
+func (c *Controller) reconcileOne(ctx context.Context, ro *v1alpha1.SchedulerRollout, blockedBy string) error {
+	view, _, err := c.view(ctx, ro)
+	if err != nil {
+		return err
+	}
+	if blockedBy != ro.Name {
+		view.BlockedBy = blockedBy
 	}
 	st, events := Next(ro, view)
 	if reflect.DeepEqual(st, ro.Status) {
@@ -267,4 +277,46 @@ func (c *Controller) nodeState(node string, names []string, a *vsplanev1.AgentIn
 		return Pending, ""
 	}
 	return Updated, ""
+}
+
+// Progress describes rollout name per node (the inspection API's
+// GetRollout); any replica can answer, leader or not.
+func (c *Controller) Progress(ctx context.Context, name string) (*vsplanev1.GetRolloutResponse, bool, error) {
+	var ro *v1alpha1.SchedulerRollout
+	for _, r := range c.cfg.Rollouts() {
+		if r.Name == name {
+			ro = r
+		}
+	}
+	if ro == nil {
+		return nil, false, nil
+	}
+	view, services, err := c.view(ctx, ro)
+	if err != nil {
+		return nil, true, err
+	}
+	resp := &vsplanev1.GetRolloutResponse{Name: ro.Name, Scheduler: ro.Spec.Scheduler, Phase: string(ro.Status.Phase),
+		CurrentStep: ro.Status.CurrentStep}
+	for _, s := range ro.Status.Steps {
+		resp.StepNodes = append(resp.StepNodes, s.Nodes)
+	}
+	for _, k := range services {
+		resp.Services = append(resp.Services, k.String())
+	}
+	slices.SortFunc(view.Nodes, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	for _, n := range view.Nodes {
+		rn := &vsplanev1.RolloutNode{NodeName: n.Name, Capable: n.Capable, Reason: n.Reason,
+			State: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_NOT_REACHED}
+		if reaches(&ro.Status, ro, n.Name) {
+			rn.State = map[NodeState]vsplanev1.RolloutNodeState{
+				Pending: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_PENDING,
+				Updated: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_UPDATED,
+				Failed:  vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_FAILED,
+			}[n.State]
+		} else if n.Reason != "agent not connected" {
+			rn.Reason = ""
+		}
+		resp.Nodes = append(resp.Nodes, rn)
+	}
+	return resp, true, nil
 }

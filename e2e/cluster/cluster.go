@@ -271,7 +271,7 @@ func (c *Cluster) startReplica(opts Options, log *zap.Logger) error {
 		RolloutLease: SystemNamespace + "/vsplane-rollout-leader",
 		RolloutTiming: &app.RolloutTiming{LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second,
 			RetryPeriod: 500 * time.Millisecond, Interval: 500 * time.Millisecond},
-		Watch:        watch.Options{MinInterval: 50 * time.Millisecond},
+		Watch: watch.Options{MinInterval: 50 * time.Millisecond},
 		// The pod CIDRs are the cluster CIDRs: traffic from the client (a node-
 		// network address) to a ClusterIP is then masqueraded like kube-proxy
 		// does for off-cluster sources, so replies from other nodes' pods come

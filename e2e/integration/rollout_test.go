@@ -21,6 +21,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // SchedulerRollouts against a real apiserver with the CRD installed, two
@@ -205,6 +206,27 @@ func TestSchedulerRollouts(t *testing.T) {
 		}
 		awaitKernels(map[string]int{"wlc": agentsN})
 		assertEvents(t, ctx, kube, "to-wlc", "StepStarted", "StepDone", "Succeeded")
+		// Any replica shows the per-node progress (grpcurl GetRollout).
+		p, err := replicas[1].Inspect.GetRollout(ctx, &vsplanev1.GetRolloutRequest{Name: "to-wlc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.GetNodes()) != agentsN || len(p.GetServices()) != 3 || p.GetPhase() != "Succeeded" {
+			t.Fatalf("GetRollout: %d nodes, services %v, phase %s", len(p.GetNodes()), p.GetServices(), p.GetPhase())
+		}
+		for _, n := range p.GetNodes() {
+			if n.GetState() != vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_UPDATED || !n.GetCapable() {
+				t.Errorf("GetRollout node %s: %v capable %v", n.GetNodeName(), n.GetState(), n.GetCapable())
+			}
+		}
+		// ExplainService says which scheduler a node's Service uses and why.
+		ex, err := replicas[0].Inspect.ExplainService(ctx, &vsplanev1.ExplainServiceRequest{NodeName: names[3], Namespace: "default", Name: "web-2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex.GetService().GetSchedulerSource() != "SchedulerRollout to-wlc" || ex.GetService().GetVirtualServers()[0].GetScheduler() != "wlc" {
+			t.Fatalf("ExplainService: scheduler %q from %q", ex.GetService().GetVirtualServers()[0].GetScheduler(), ex.GetService().GetSchedulerSource())
+		}
 	})
 
 	t.Run("NACKs from nodes without the scheduler roll everything back", func(t *testing.T) {

@@ -134,6 +134,66 @@ func (AcknowledgementState) EnumDescriptor() ([]byte, []int) {
 	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{1}
 }
 
+// RolloutNodeState is where a node stands in a rollout.
+type RolloutNodeState int32
+
+const (
+	RolloutNodeState_ROLLOUT_NODE_STATE_UNSPECIFIED RolloutNodeState = 0
+	// The rollout has not reached the node (yet, or any more).
+	RolloutNodeState_ROLLOUT_NODE_STATE_NOT_REACHED RolloutNodeState = 1
+	// Reached; the agent has not acknowledged the change yet.
+	RolloutNodeState_ROLLOUT_NODE_STATE_PENDING RolloutNodeState = 2
+	// Reached; the agent acknowledged the new scheduler for every Service.
+	RolloutNodeState_ROLLOUT_NODE_STATE_UPDATED RolloutNodeState = 3
+	// Reached; the agent NACKed the change (reason).
+	RolloutNodeState_ROLLOUT_NODE_STATE_FAILED RolloutNodeState = 4
+)
+
+// Enum value maps for RolloutNodeState.
+var (
+	RolloutNodeState_name = map[int32]string{
+		0: "ROLLOUT_NODE_STATE_UNSPECIFIED",
+		1: "ROLLOUT_NODE_STATE_NOT_REACHED",
+		2: "ROLLOUT_NODE_STATE_PENDING",
+		3: "ROLLOUT_NODE_STATE_UPDATED",
+		4: "ROLLOUT_NODE_STATE_FAILED",
+	}
+	RolloutNodeState_value = map[string]int32{
+		"ROLLOUT_NODE_STATE_UNSPECIFIED": 0,
+		"ROLLOUT_NODE_STATE_NOT_REACHED": 1,
+		"ROLLOUT_NODE_STATE_PENDING":     2,
+		"ROLLOUT_NODE_STATE_UPDATED":     3,
+		"ROLLOUT_NODE_STATE_FAILED":      4,
+	}
+)
+
+func (x RolloutNodeState) Enum() *RolloutNodeState {
+	p := new(RolloutNodeState)
+	*p = x
+	return p
+}
+
+func (x RolloutNodeState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RolloutNodeState) Descriptor() protoreflect.EnumDescriptor {
+	return file_vsplane_v1_inspect_proto_enumTypes[2].Descriptor()
+}
+
+func (RolloutNodeState) Type() protoreflect.EnumType {
+	return &file_vsplane_v1_inspect_proto_enumTypes[2]
+}
+
+func (x RolloutNodeState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RolloutNodeState.Descriptor instead.
+func (RolloutNodeState) EnumDescriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{2}
+}
+
 // ListAgentsRequest selects the replicas and how much to return.
 type ListAgentsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -950,6 +1010,217 @@ func (x *WatchDeltasResponse) GetDelta() *Delta {
 	return nil
 }
 
+// GetRolloutRequest names a SchedulerRollout.
+type GetRolloutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRolloutRequest) Reset() {
+	*x = GetRolloutRequest{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRolloutRequest) ProtoMessage() {}
+
+func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
+func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GetRolloutRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// RolloutNode is one node the rollout selects.
+type RolloutNode struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeName string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	State    RolloutNodeState       `protobuf:"varint,2,opt,name=state,proto3,enum=vsplane.v1.RolloutNodeState" json:"state,omitempty"`
+	Reason   string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The agent lists the scheduler in its capabilities.
+	Capable       bool `protobuf:"varint,4,opt,name=capable,proto3" json:"capable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutNode) Reset() {
+	*x = RolloutNode{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutNode) ProtoMessage() {}
+
+func (x *RolloutNode) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutNode.ProtoReflect.Descriptor instead.
+func (*RolloutNode) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RolloutNode) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *RolloutNode) GetState() RolloutNodeState {
+	if x != nil {
+		return x.State
+	}
+	return RolloutNodeState_ROLLOUT_NODE_STATE_UNSPECIFIED
+}
+
+func (x *RolloutNode) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RolloutNode) GetCapable() bool {
+	if x != nil {
+		return x.Capable
+	}
+	return false
+}
+
+// GetRolloutResponse is a rollout's status and per-node progress.
+type GetRolloutResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Scheduler string                 `protobuf:"bytes,2,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	Phase     string                 `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	// Index (from 0) of the current step, and the node count of each step begun.
+	CurrentStep int32   `protobuf:"varint,4,opt,name=current_step,json=currentStep,proto3" json:"current_step,omitempty"`
+	StepNodes   []int32 `protobuf:"varint,5,rep,packed,name=step_nodes,json=stepNodes,proto3" json:"step_nodes,omitempty"`
+	// The Services the rollout applies to ("namespace/name").
+	Services []string `protobuf:"bytes,6,rep,name=services,proto3" json:"services,omitempty"`
+	// Every node the rollout selects, sorted by name.
+	Nodes         []*RolloutNode `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRolloutResponse) Reset() {
+	*x = GetRolloutResponse{}
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRolloutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRolloutResponse) ProtoMessage() {}
+
+func (x *GetRolloutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_inspect_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRolloutResponse.ProtoReflect.Descriptor instead.
+func (*GetRolloutResponse) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_inspect_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetRolloutResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetRolloutResponse) GetScheduler() string {
+	if x != nil {
+		return x.Scheduler
+	}
+	return ""
+}
+
+func (x *GetRolloutResponse) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *GetRolloutResponse) GetCurrentStep() int32 {
+	if x != nil {
+		return x.CurrentStep
+	}
+	return 0
+}
+
+func (x *GetRolloutResponse) GetStepNodes() []int32 {
+	if x != nil {
+		return x.StepNodes
+	}
+	return nil
+}
+
+func (x *GetRolloutResponse) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *GetRolloutResponse) GetNodes() []*RolloutNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_vsplane_v1_inspect_proto protoreflect.FileDescriptor
 
 const file_vsplane_v1_inspect_proto_rawDesc = "" +
@@ -1027,7 +1298,23 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x123\n" +
 	"\asent_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12%\n" +
 	"\x0edropped_before\x18\x03 \x01(\x04R\rdroppedBefore\x12'\n" +
-	"\x05delta\x18\x04 \x01(\v2\x11.vsplane.v1.DeltaR\x05delta*1\n" +
+	"\x05delta\x18\x04 \x01(\v2\x11.vsplane.v1.DeltaR\x05delta\"'\n" +
+	"\x11GetRolloutRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x90\x01\n" +
+	"\vRolloutNode\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x122\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1c.vsplane.v1.RolloutNodeStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
+	"\acapable\x18\x04 \x01(\bR\acapable\"\xe9\x01\n" +
+	"\x12GetRolloutResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tscheduler\x18\x02 \x01(\tR\tscheduler\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\x12!\n" +
+	"\fcurrent_step\x18\x04 \x01(\x05R\vcurrentStep\x12\x1d\n" +
+	"\n" +
+	"step_nodes\x18\x05 \x03(\x05R\tstepNodes\x12\x1a\n" +
+	"\bservices\x18\x06 \x03(\tR\bservices\x12-\n" +
+	"\x05nodes\x18\a \x03(\v2\x17.vsplane.v1.RolloutNodeR\x05nodes*1\n" +
 	"\x05Scope\x12\x15\n" +
 	"\x11SCOPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSCOPE_REPLICA\x10\x01*\xd3\x01\n" +
@@ -1036,13 +1323,21 @@ const file_vsplane_v1_inspect_proto_rawDesc = "" +
 	"\"ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED\x10\x01\x12!\n" +
 	"\x1dACKNOWLEDGEMENT_STATE_PENDING\x10\x02\x12 \n" +
 	"\x1cACKNOWLEDGEMENT_STATE_NACKED\x10\x03\x12'\n" +
-	"#ACKNOWLEDGEMENT_STATE_NOT_CONNECTED\x10\x042\xba\x03\n" +
+	"#ACKNOWLEDGEMENT_STATE_NOT_CONNECTED\x10\x04*\xb9\x01\n" +
+	"\x10RolloutNodeState\x12\"\n" +
+	"\x1eROLLOUT_NODE_STATE_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eROLLOUT_NODE_STATE_NOT_REACHED\x10\x01\x12\x1e\n" +
+	"\x1aROLLOUT_NODE_STATE_PENDING\x10\x02\x12\x1e\n" +
+	"\x1aROLLOUT_NODE_STATE_UPDATED\x10\x03\x12\x1d\n" +
+	"\x19ROLLOUT_NODE_STATE_FAILED\x10\x042\x87\x04\n" +
 	"\x0eInspectService\x12K\n" +
 	"\n" +
 	"ListAgents\x12\x1d.vsplane.v1.ListAgentsRequest\x1a\x1e.vsplane.v1.ListAgentsResponse\x12Z\n" +
 	"\x0fGetNodeSnapshot\x12\".vsplane.v1.GetNodeSnapshotRequest\x1a#.vsplane.v1.GetNodeSnapshotResponse\x12T\n" +
 	"\rGetNodeStatus\x12 .vsplane.v1.GetNodeStatusRequest\x1a!.vsplane.v1.GetNodeStatusResponse\x12W\n" +
-	"\x0eExplainService\x12!.vsplane.v1.ExplainServiceRequest\x1a\".vsplane.v1.ExplainServiceResponse\x12P\n" +
+	"\x0eExplainService\x12!.vsplane.v1.ExplainServiceRequest\x1a\".vsplane.v1.ExplainServiceResponse\x12K\n" +
+	"\n" +
+	"GetRollout\x12\x1d.vsplane.v1.GetRolloutRequest\x1a\x1e.vsplane.v1.GetRolloutResponse\x12P\n" +
 	"\vWatchDeltas\x12\x1e.vsplane.v1.WatchDeltasRequest\x1a\x1f.vsplane.v1.WatchDeltasResponse0\x01B7Z5github.com/vsplane/vsplane/proto/vsplane/v1;vsplanev1b\x06proto3"
 
 var (
@@ -1057,68 +1352,76 @@ func file_vsplane_v1_inspect_proto_rawDescGZIP() []byte {
 	return file_vsplane_v1_inspect_proto_rawDescData
 }
 
-var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_vsplane_v1_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_vsplane_v1_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_vsplane_v1_inspect_proto_goTypes = []any{
 	(Scope)(0),                      // 0: vsplane.v1.Scope
 	(AcknowledgementState)(0),       // 1: vsplane.v1.AcknowledgementState
-	(*ListAgentsRequest)(nil),       // 2: vsplane.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),      // 3: vsplane.v1.ListAgentsResponse
-	(*AgentInfo)(nil),               // 4: vsplane.v1.AgentInfo
-	(*GetNodeSnapshotRequest)(nil),  // 5: vsplane.v1.GetNodeSnapshotRequest
-	(*GetNodeSnapshotResponse)(nil), // 6: vsplane.v1.GetNodeSnapshotResponse
-	(*GetNodeStatusRequest)(nil),    // 7: vsplane.v1.GetNodeStatusRequest
-	(*GetNodeStatusResponse)(nil),   // 8: vsplane.v1.GetNodeStatusResponse
-	(*ExplainServiceRequest)(nil),   // 9: vsplane.v1.ExplainServiceRequest
-	(*ExplainServiceResponse)(nil),  // 10: vsplane.v1.ExplainServiceResponse
-	(*WatchDeltasRequest)(nil),      // 11: vsplane.v1.WatchDeltasRequest
-	(*WatchDeltasResponse)(nil),     // 12: vsplane.v1.WatchDeltasResponse
-	nil,                             // 13: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	nil,                             // 14: vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	nil,                             // 15: vsplane.v1.AgentInfo.NackedEntry
-	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
-	(*Capabilities)(nil),            // 17: vsplane.v1.Capabilities
-	(*durationpb.Duration)(nil),     // 18: google.protobuf.Duration
-	(*Resource)(nil),                // 19: vsplane.v1.Resource
-	(*AgentStatus)(nil),             // 20: vsplane.v1.AgentStatus
-	(*ServiceState)(nil),            // 21: vsplane.v1.ServiceState
-	(*Delta)(nil),                   // 22: vsplane.v1.Delta
+	(RolloutNodeState)(0),           // 2: vsplane.v1.RolloutNodeState
+	(*ListAgentsRequest)(nil),       // 3: vsplane.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),      // 4: vsplane.v1.ListAgentsResponse
+	(*AgentInfo)(nil),               // 5: vsplane.v1.AgentInfo
+	(*GetNodeSnapshotRequest)(nil),  // 6: vsplane.v1.GetNodeSnapshotRequest
+	(*GetNodeSnapshotResponse)(nil), // 7: vsplane.v1.GetNodeSnapshotResponse
+	(*GetNodeStatusRequest)(nil),    // 8: vsplane.v1.GetNodeStatusRequest
+	(*GetNodeStatusResponse)(nil),   // 9: vsplane.v1.GetNodeStatusResponse
+	(*ExplainServiceRequest)(nil),   // 10: vsplane.v1.ExplainServiceRequest
+	(*ExplainServiceResponse)(nil),  // 11: vsplane.v1.ExplainServiceResponse
+	(*WatchDeltasRequest)(nil),      // 12: vsplane.v1.WatchDeltasRequest
+	(*WatchDeltasResponse)(nil),     // 13: vsplane.v1.WatchDeltasResponse
+	(*GetRolloutRequest)(nil),       // 14: vsplane.v1.GetRolloutRequest
+	(*RolloutNode)(nil),             // 15: vsplane.v1.RolloutNode
+	(*GetRolloutResponse)(nil),      // 16: vsplane.v1.GetRolloutResponse
+	nil,                             // 17: vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
+	nil,                             // 18: vsplane.v1.AgentInfo.LastKernelOperationsEntry
+	nil,                             // 19: vsplane.v1.AgentInfo.NackedEntry
+	(*timestamppb.Timestamp)(nil),   // 20: google.protobuf.Timestamp
+	(*Capabilities)(nil),            // 21: vsplane.v1.Capabilities
+	(*durationpb.Duration)(nil),     // 22: google.protobuf.Duration
+	(*Resource)(nil),                // 23: vsplane.v1.Resource
+	(*AgentStatus)(nil),             // 24: vsplane.v1.AgentStatus
+	(*ServiceState)(nil),            // 25: vsplane.v1.ServiceState
+	(*Delta)(nil),                   // 26: vsplane.v1.Delta
 }
 var file_vsplane_v1_inspect_proto_depIdxs = []int32{
 	0,  // 0: vsplane.v1.ListAgentsRequest.scope:type_name -> vsplane.v1.Scope
-	4,  // 1: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
-	16, // 2: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
-	17, // 3: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
-	13, // 4: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
-	16, // 5: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
-	18, // 6: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
-	14, // 7: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
-	18, // 8: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
-	15, // 9: vsplane.v1.AgentInfo.nacked:type_name -> vsplane.v1.AgentInfo.NackedEntry
-	19, // 10: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
+	5,  // 1: vsplane.v1.ListAgentsResponse.agents:type_name -> vsplane.v1.AgentInfo
+	20, // 2: vsplane.v1.AgentInfo.connected_since:type_name -> google.protobuf.Timestamp
+	21, // 3: vsplane.v1.AgentInfo.capabilities:type_name -> vsplane.v1.Capabilities
+	17, // 4: vsplane.v1.AgentInfo.acknowledged_versions:type_name -> vsplane.v1.AgentInfo.AcknowledgedVersionsEntry
+	20, // 5: vsplane.v1.AgentInfo.last_ack:type_name -> google.protobuf.Timestamp
+	22, // 6: vsplane.v1.AgentInfo.last_apply_duration:type_name -> google.protobuf.Duration
+	18, // 7: vsplane.v1.AgentInfo.last_kernel_operations:type_name -> vsplane.v1.AgentInfo.LastKernelOperationsEntry
+	22, // 8: vsplane.v1.AgentInfo.lag:type_name -> google.protobuf.Duration
+	19, // 9: vsplane.v1.AgentInfo.nacked:type_name -> vsplane.v1.AgentInfo.NackedEntry
+	23, // 10: vsplane.v1.GetNodeSnapshotResponse.resources:type_name -> vsplane.v1.Resource
 	0,  // 11: vsplane.v1.GetNodeStatusRequest.scope:type_name -> vsplane.v1.Scope
-	4,  // 12: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
-	20, // 13: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
+	5,  // 12: vsplane.v1.GetNodeStatusResponse.agent:type_name -> vsplane.v1.AgentInfo
+	24, // 13: vsplane.v1.GetNodeStatusResponse.status:type_name -> vsplane.v1.AgentStatus
 	0,  // 14: vsplane.v1.ExplainServiceRequest.scope:type_name -> vsplane.v1.Scope
-	21, // 15: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
+	25, // 15: vsplane.v1.ExplainServiceResponse.service:type_name -> vsplane.v1.ServiceState
 	1,  // 16: vsplane.v1.ExplainServiceResponse.acknowledgement:type_name -> vsplane.v1.AcknowledgementState
-	16, // 17: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
-	22, // 18: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
-	2,  // 19: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
-	5,  // 20: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
-	7,  // 21: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
-	9,  // 22: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
-	11, // 23: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
-	3,  // 24: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
-	6,  // 25: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
-	8,  // 26: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
-	10, // 27: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
-	12, // 28: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	20, // 17: vsplane.v1.WatchDeltasResponse.sent_at:type_name -> google.protobuf.Timestamp
+	26, // 18: vsplane.v1.WatchDeltasResponse.delta:type_name -> vsplane.v1.Delta
+	2,  // 19: vsplane.v1.RolloutNode.state:type_name -> vsplane.v1.RolloutNodeState
+	15, // 20: vsplane.v1.GetRolloutResponse.nodes:type_name -> vsplane.v1.RolloutNode
+	3,  // 21: vsplane.v1.InspectService.ListAgents:input_type -> vsplane.v1.ListAgentsRequest
+	6,  // 22: vsplane.v1.InspectService.GetNodeSnapshot:input_type -> vsplane.v1.GetNodeSnapshotRequest
+	8,  // 23: vsplane.v1.InspectService.GetNodeStatus:input_type -> vsplane.v1.GetNodeStatusRequest
+	10, // 24: vsplane.v1.InspectService.ExplainService:input_type -> vsplane.v1.ExplainServiceRequest
+	14, // 25: vsplane.v1.InspectService.GetRollout:input_type -> vsplane.v1.GetRolloutRequest
+	12, // 26: vsplane.v1.InspectService.WatchDeltas:input_type -> vsplane.v1.WatchDeltasRequest
+	4,  // 27: vsplane.v1.InspectService.ListAgents:output_type -> vsplane.v1.ListAgentsResponse
+	7,  // 28: vsplane.v1.InspectService.GetNodeSnapshot:output_type -> vsplane.v1.GetNodeSnapshotResponse
+	9,  // 29: vsplane.v1.InspectService.GetNodeStatus:output_type -> vsplane.v1.GetNodeStatusResponse
+	11, // 30: vsplane.v1.InspectService.ExplainService:output_type -> vsplane.v1.ExplainServiceResponse
+	16, // 31: vsplane.v1.InspectService.GetRollout:output_type -> vsplane.v1.GetRolloutResponse
+	13, // 32: vsplane.v1.InspectService.WatchDeltas:output_type -> vsplane.v1.WatchDeltasResponse
+	27, // [27:33] is the sub-list for method output_type
+	21, // [21:27] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_inspect_proto_init() }
@@ -1133,8 +1436,8 @@ func file_vsplane_v1_inspect_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_inspect_proto_rawDesc), len(file_vsplane_v1_inspect_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   14,
+			NumEnums:      3,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

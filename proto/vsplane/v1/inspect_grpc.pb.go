@@ -23,6 +23,7 @@ const (
 	InspectService_GetNodeSnapshot_FullMethodName = "/vsplane.v1.InspectService/GetNodeSnapshot"
 	InspectService_GetNodeStatus_FullMethodName   = "/vsplane.v1.InspectService/GetNodeStatus"
 	InspectService_ExplainService_FullMethodName  = "/vsplane.v1.InspectService/ExplainService"
+	InspectService_GetRollout_FullMethodName      = "/vsplane.v1.InspectService/GetRollout"
 	InspectService_WatchDeltas_FullMethodName     = "/vsplane.v1.InspectService/WatchDeltas"
 )
 
@@ -52,6 +53,10 @@ type InspectServiceClient interface {
 	// real servers and why each was chosen), whether the agent acknowledged it,
 	// and the Service's translation problems.
 	ExplainService(ctx context.Context, in *ExplainServiceRequest, opts ...grpc.CallOption) (*ExplainServiceResponse, error)
+	// GetRollout shows a SchedulerRollout's progress per node: which nodes it
+	// reached, whether each agent acknowledged the change (or NACKed it, and
+	// why), and whether each agent's kernel offers the scheduler.
+	GetRollout(ctx context.Context, in *GetRolloutRequest, opts ...grpc.CallOption) (*GetRolloutResponse, error)
 	// WatchDeltas streams every Delta this replica sends to a node from now on
 	// (per replica: ask the replica GetNodeStatus names).
 	// A watcher that reads too slowly loses messages instead of slowing the
@@ -107,6 +112,16 @@ func (c *inspectServiceClient) ExplainService(ctx context.Context, in *ExplainSe
 	return out, nil
 }
 
+func (c *inspectServiceClient) GetRollout(ctx context.Context, in *GetRolloutRequest, opts ...grpc.CallOption) (*GetRolloutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetRolloutResponse)
+	err := c.cc.Invoke(ctx, InspectService_GetRollout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *inspectServiceClient) WatchDeltas(ctx context.Context, in *WatchDeltasRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDeltasResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &InspectService_ServiceDesc.Streams[0], InspectService_WatchDeltas_FullMethodName, cOpts...)
@@ -152,6 +167,10 @@ type InspectServiceServer interface {
 	// real servers and why each was chosen), whether the agent acknowledged it,
 	// and the Service's translation problems.
 	ExplainService(context.Context, *ExplainServiceRequest) (*ExplainServiceResponse, error)
+	// GetRollout shows a SchedulerRollout's progress per node: which nodes it
+	// reached, whether each agent acknowledged the change (or NACKed it, and
+	// why), and whether each agent's kernel offers the scheduler.
+	GetRollout(context.Context, *GetRolloutRequest) (*GetRolloutResponse, error)
 	// WatchDeltas streams every Delta this replica sends to a node from now on
 	// (per replica: ask the replica GetNodeStatus names).
 	// A watcher that reads too slowly loses messages instead of slowing the
@@ -178,6 +197,9 @@ func (UnimplementedInspectServiceServer) GetNodeStatus(context.Context, *GetNode
 }
 func (UnimplementedInspectServiceServer) ExplainService(context.Context, *ExplainServiceRequest) (*ExplainServiceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExplainService not implemented")
+}
+func (UnimplementedInspectServiceServer) GetRollout(context.Context, *GetRolloutRequest) (*GetRolloutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRollout not implemented")
 }
 func (UnimplementedInspectServiceServer) WatchDeltas(*WatchDeltasRequest, grpc.ServerStreamingServer[WatchDeltasResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchDeltas not implemented")
@@ -275,6 +297,24 @@ func _InspectService_ExplainService_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _InspectService_GetRollout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRolloutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InspectServiceServer).GetRollout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InspectService_GetRollout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InspectServiceServer).GetRollout(ctx, req.(*GetRolloutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _InspectService_WatchDeltas_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchDeltasRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -308,6 +348,10 @@ var InspectService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExplainService",
 			Handler:    _InspectService_ExplainService_Handler,
+		},
+		{
+			MethodName: "GetRollout",
+			Handler:    _InspectService_GetRollout_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
