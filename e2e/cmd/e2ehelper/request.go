@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -23,16 +24,37 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	count := fs.Int("count", 1, "number of requests (1..100000)")
 	timeout := fs.Duration("timeout", 2*time.Second, "timeout of each request")
 	interval := fs.Duration("interval", 0, "pause between requests")
+	sourceFrom := fs.String("source-from", "", "tcp: request i (from 0) leaves from this IPv4 address plus i (the addresses must be on the client)")
+	sourcePort := fs.Int("source-port", 0, "tcp: the local port of every request (with --source-from)")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
 	}
 	if *addr == "" || *count < 1 || *count > 100000 || *timeout <= 0 || *interval < 0 {
 		return usageError("request needs --addr, 1 <= --count <= 100000, --timeout > 0, --interval >= 0")
 	}
+	var from netip.Addr
+	if *sourceFrom != "" {
+		var err error
+		if from, err = netip.ParseAddr(*sourceFrom); err != nil || !from.Is4() || *proto != "tcp" || *sourcePort < 1 || *sourcePort > 65535 {
+			return usageError("--source-from needs an IPv4 address, --proto tcp and 1 <= --source-port <= 65535")
+		}
+	}
 	var once func(context.Context) (string, error)
+	next := 0
 	switch *proto {
 	case "tcp":
-		once = func(ctx context.Context) (string, error) { return tcpOnce(ctx, *addr, *timeout) }
+		once = func(ctx context.Context) (string, error) {
+			if !from.IsValid() {
+				return tcpOnce(ctx, *addr, *timeout, nil)
+			}
+			src := from
+			for range next {
+				src = src.Next()
+			}
+			next++
+			line, err := tcpOnce(ctx, *addr, *timeout, &net.TCPAddr{IP: src.AsSlice(), Port: *sourcePort})
+			return src.String() + " " + line, err
+		}
 	case "udp":
 		once = func(ctx context.Context) (string, error) { return udpOnce(ctx, *addr, *timeout) }
 	default:
@@ -49,7 +71,11 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "%d fail: %v\n", i, err)
 		} else {
 			sum.OK++
-			sum.Backends[backendOf(line)]++
+			answer := line
+			if from.IsValid() { // "SOURCE BACKEND ...": count by backend
+				_, answer, _ = strings.Cut(line, " ")
+			}
+			sum.Backends[backendOf(answer)]++
 			fmt.Fprintf(stdout, "%d ok %s\n", i, line)
 		}
 		if *interval > 0 && i < *count {
@@ -84,10 +110,13 @@ func printSummary(w io.Writer, sum wire.Summary) error {
 	return err
 }
 
-func tcpOnce(ctx context.Context, addr string, timeout time.Duration) (string, error) {
+func tcpOnce(ctx context.Context, addr string, timeout time.Duration, local *net.TCPAddr) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var d net.Dialer
+	d := net.Dialer{}
+	if local != nil {
+		d.LocalAddr = local
+	}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return "", err

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+)
+
+// --source-from/--source-port: request i leaves from the i-th address with
+// the fixed port, and the line names the source.
+func TestRequestFromFixedSources(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("srv from " + c.RemoteAddr().String() + "\n"))
+			c.Close()
+		}
+	}()
+	var out bytes.Buffer
+	err = requestCmd(context.Background(), []string{"--addr", ln.Addr().String(), "--count", "3",
+		"--source-from", "127.0.0.10", "--source-port", "41234"}, &out, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, want := range []string{"1 ok 127.0.0.10 srv from 127.0.0.10:41234", "2 ok 127.0.0.11 srv from 127.0.0.11:41234", "3 ok 127.0.0.12 srv"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), `"srv":3`) {
+		t.Errorf("summary does not count the backend:\n%s", out.String())
+	}
+}
