@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/vsplane/vsplane/controlplane/apis/v1alpha1"
 	"github.com/vsplane/vsplane/controlplane/app"
@@ -190,6 +192,25 @@ func TestSchedulerRollouts(t *testing.T) {
 			return ""
 		})
 	}
+
+	t.Run("the example manifest and the CRD's validation", func(t *testing.T) {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "examples", "schedulerrollout-mh.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var u unstructured.Unstructured
+		if err := yaml.Unmarshal(b, &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dyn.Resource(v1alpha1.Resource).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Fatalf("the example is refused: %v", err)
+		}
+		// A scheduler that does not exist is refused by the API server.
+		unstructured.SetNestedField(u.Object, "fancy", "spec", "scheduler")
+		if _, err := dyn.Resource(v1alpha1.Resource).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil || !strings.Contains(err.Error(), "spec.scheduler") {
+			t.Fatalf("scheduler \"fancy\" accepted: %v", err)
+		}
+	})
 
 	t.Run("a 4-step rollout reaches every node", func(t *testing.T) {
 		create("to-wlc", "wlc", nil) // default steps: 1, 25%, 50%, 100%
