@@ -19,6 +19,7 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/apis/v1alpha1"
 	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/vm"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -173,7 +174,7 @@ func TestVMSchedulerRollout(t *testing.T) {
 	r.phase("rollout done")
 
 	// The connection through node1 survived node1's switch to mh.
-	if l, _ := hold.Log(ctx); strings.Contains(l, "fail") || strings.Contains(l, "summary ") {
+	if l, _ := hold.Log(ctx); strings.Contains(l, " fail: ") || strings.Contains(l, "summary ") {
 		t.Fatalf("the long-lived connection broke or ended during the rollout:\n%s", tail(l, 20))
 	}
 
@@ -221,8 +222,8 @@ func TestVMSchedulerRollout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(st.Log, "fail") {
-		t.Errorf("the long-lived connection failed:\n%s", tail(st.Log, 20))
+	if sum, err := vm.ParseSummary(st.Log); err != nil || sum.Fail != 0 || sum.OK < 10 || len(sum.Backends) != 1 {
+		t.Errorf("the long-lived connection: %+v %v (want no failure, one backend throughout)\n%s", sum, err, tail(st.Log, 20))
 	}
 	r.phase("Maglev consistency")
 }

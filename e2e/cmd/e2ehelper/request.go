@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vsplane/vsplane/e2e/vm/wire"
@@ -116,6 +117,17 @@ func tcpOnce(ctx context.Context, addr string, timeout time.Duration, local *net
 	d := net.Dialer{}
 	if local != nil {
 		d.LocalAddr = local
+		// The same source address and port again (to another destination)
+		// while the last connection from it is in TIME_WAIT.
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
 	}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {

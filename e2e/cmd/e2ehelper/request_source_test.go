@@ -40,4 +40,11 @@ func TestRequestFromFixedSources(t *testing.T) {
 	if !strings.Contains(out.String(), `"srv":3`) {
 		t.Errorf("summary does not count the backend:\n%s", out.String())
 	}
+	// Again, from the same sources and port, while the first connections
+	// are in TIME_WAIT (the client closed them).
+	out.Reset()
+	if err := requestCmd(context.Background(), []string{"--addr", ln.Addr().String(), "--count", "3",
+		"--source-from", "127.0.0.10", "--source-port", "41234"}, &out, &out); err != nil {
+		t.Fatalf("second round: %v\n%s", err, out.String())
+	}
 }
