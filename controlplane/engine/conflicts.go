@@ -15,6 +15,7 @@ import (
 const (
 	ReasonNodePortConflict   model.Reason = "nodeport_conflict"
 	ReasonExternalIPConflict model.Reason = "external_ip_conflict"
+	ReasonVIPConflict        model.Reason = "virtual_server_conflict"
 )
 
 // portKey is a NodePort: IPVS keys NodePort virtual servers by
@@ -55,6 +56,11 @@ type conflicts struct {
 	extIPPorts map[model.ServiceKey][]portKey
 	// nodeAddrs: every node's addresses -> node name.
 	nodeAddrs map[netip.Addr]string
+	// vips: the external/load-balancer virtual servers Services claim
+	// (two Services with one external IP, or sharing a load-balancer IP, on
+	// the same port and protocol), owner first, like NodePorts.
+	vips     map[model.VIP][]claimant
+	vipsOfSv map[model.ServiceKey][]model.VIP
 }
 
 func newConflicts() *conflicts {
@@ -64,7 +70,27 @@ func newConflicts() *conflicts {
 		extIPUsers: map[portKey]map[model.ServiceKey]struct{}{},
 		extIPPorts: map[model.ServiceKey][]portKey{},
 		nodeAddrs:  map[netip.Addr]string{},
+		vips:       map[model.VIP][]claimant{},
+		vipsOfSv:   map[model.ServiceKey][]model.VIP{},
 	}
+}
+
+// vipsOf returns the external and load-balancer virtual servers svc asks for.
+func vipsOf(svc *model.Service) []model.VIP {
+	if svc == nil {
+		return nil
+	}
+	var out []model.VIP
+	for _, ips := range [][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
+		for _, ip := range ips {
+			for _, p := range svc.Ports {
+				if v := (model.VIP{Addr: ip, Proto: p.Protocol, Port: p.Port}); !slices.Contains(out, v) {
+					out = append(out, v)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // nodePorts returns the NodePorts svc asks for (deduplicated).
@@ -110,10 +136,24 @@ func (c *conflicts) update(k model.ServiceKey, svc *model.Service, dirty func(mo
 		}
 	}
 	delete(c.extIPPorts, k)
+	for _, v := range c.vipsOfSv[k] {
+		before := c.vips[v]
+		after := slices.DeleteFunc(slices.Clone(before), func(x claimant) bool { return x.key == k })
+		c.setVIPClaims(v, before, after, k, dirty)
+	}
+	delete(c.vipsOfSv, k)
 	if svc == nil {
 		return
 	}
 	me := claimant{key: k, created: svc.Created}
+	for _, v := range vipsOf(svc) {
+		before := c.vips[v]
+		after := slices.Clone(before)
+		i, _ := slices.BinarySearchFunc(after, me, claimant.compare)
+		after = slices.Insert(after, i, me)
+		c.setVIPClaims(v, before, after, k, dirty)
+		c.vipsOfSv[k] = append(c.vipsOfSv[k], v)
+	}
 	for _, pk := range nodePorts(svc) {
 		before := c.claims[pk]
 		after := slices.Clone(before)
@@ -156,6 +196,31 @@ func (c *conflicts) setClaims(pk portKey, before, after []claimant, self model.S
 	}
 	for k := range c.extIPUsers[pk] {
 		if k != self {
+			dirty(k)
+		}
+	}
+}
+
+// setVIPClaims stores a virtual server's claimants; when its owner changes,
+// the old and new owners are rechecked.
+func (c *conflicts) setVIPClaims(v model.VIP, before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) {
+	if len(after) == 0 {
+		delete(c.vips, v)
+	} else {
+		c.vips[v] = after
+	}
+	var was, is model.ServiceKey
+	if len(before) > 0 {
+		was = before[0].key
+	}
+	if len(after) > 0 {
+		is = after[0].key
+	}
+	if was == is {
+		return
+	}
+	for _, k := range []model.ServiceKey{was, is} {
+		if k != (model.ServiceKey{}) && k != self {
 			dirty(k)
 		}
 	}
@@ -253,6 +318,22 @@ func (c *conflicts) resolve(svc *model.Service) (*model.Service, []model.Problem
 			out = &cp
 		}
 		out.ExternalIPs = keep
+	}
+	for _, v := range c.vipsOfSv[svc.Key] {
+		owner := c.vips[v]
+		if len(owner) == 0 || owner[0].key == svc.Key {
+			continue
+		}
+		if out == svc {
+			cp := *svc
+			out = &cp
+		}
+		if out.Yielded == nil {
+			out.Yielded = map[model.VIP]model.ServiceKey{}
+		}
+		out.Yielded[v] = owner[0].key
+		problem(ReasonVIPConflict, "virtual server %s is also claimed by the older Service %s, which keeps it; not programmed for this Service",
+			v, owner[0].key)
 	}
 	return out, problems
 }

@@ -171,3 +171,65 @@ func TestExternalIPOnANodesNodePortIsDropped(t *testing.T) {
 		t.Errorf("node n2 took the address: external IPs %v, problems %v", got, e.Problems(k))
 	}
 }
+
+// Two Services on one external IP, port and protocol, or sharing a
+// load-balancer IP on one port: the older one keeps the virtual server on
+// every node, the newer leaves it out with a problem; different ports on a
+// shared IP are no conflict; the newer takes over when the older goes.
+func TestSharedExternalAndLoadBalancerVirtualServersGoToTheOlderService(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	addNode(c, "n1")
+	addNode(c, "n2")
+	setNodePortService(c, "old", 100, 0, "198.18.100.1")
+	setNodePortService(c, "new", 200, 0, "198.18.100.1")
+	// LB sharing: same IP, one on port 80 (conflict with lb-old), one on 443.
+	lb := func(name string, created int64, port uint16) {
+		k := model.ServiceKey{Namespace: "ns", Name: name}
+		c.Services[k] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Value: &model.Service{
+			Key: k, Type: model.ServiceTypeLoadBalancer, Created: created,
+			ClusterIPs:      []netip.Addr{netip.MustParseAddr("198.18.0.20")},
+			Ports:           []model.ServicePort{{Name: "p", Protocol: model.TCP, Port: port}},
+			LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.18.200.5")},
+		}}}
+	}
+	lb("lb-old", 100, 80)
+	lb("lb-new", 300, 80)
+	lb("lb-https", 400, 443)
+	apply(t, e, c)
+
+	vsOn := func(node, name, addr string) bool {
+		for _, vs := range get(t, st, node, "service/ns/"+name).GetService().GetVirtualServers() {
+			if vs.GetAddress() == addr {
+				return true
+			}
+		}
+		return false
+	}
+	for _, n := range []string{"n1", "n2"} {
+		for _, c := range []struct {
+			svc, addr string
+			want      bool
+		}{{"old", "198.18.100.1", true}, {"new", "198.18.100.1", false},
+			{"lb-old", "198.18.200.5", true}, {"lb-new", "198.18.200.5", false}, {"lb-https", "198.18.200.5", true}} {
+			if got := vsOn(n, c.svc, c.addr); got != c.want {
+				t.Errorf("%s: %s has a virtual server on %s: %v, want %v", n, c.svc, c.addr, got, c.want)
+			}
+		}
+	}
+	for name, want := range map[string]bool{"old": false, "new": true, "lb-old": false, "lb-new": true, "lb-https": false} {
+		if got := hasProblem(e, name, ReasonVIPConflict); got != want {
+			t.Errorf("%s has a %s problem: %v, want %v", name, ReasonVIPConflict, got, want)
+		}
+	}
+	if p := e.Problems(model.ServiceKey{Namespace: "ns", Name: "new"}); len(p) == 0 || !strings.Contains(p[0].Detail, "ns/old") {
+		t.Errorf("the loser's problem does not name the owner: %v", p)
+	}
+	// The owner goes: the newer Service gets the virtual server.
+	c = changes()
+	deleteService(c, "old")
+	apply(t, e, c)
+	if !vsOn("n1", "new", "198.18.100.1") || hasProblem(e, "new", ReasonVIPConflict) {
+		t.Error("the remaining Service did not take the external IP over")
+	}
+}

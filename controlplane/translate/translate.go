@@ -188,6 +188,9 @@ func (t *translation) port(fam model.Family, clusterIP netip.Addr, sp model.Serv
 
 	rs, reject := realServers(sel, extPolicy)
 	external := func(kind vsplanev1.VirtualServerKind, ip netip.Addr, what string) *vsplanev1.VirtualServer {
+		if _, yielded := svc.Yielded[model.VIP{Addr: ip, Proto: sp.Protocol, Port: sp.Port}]; yielded {
+			return nil // an older Service owns this virtual server (engine conflicts; the problem says so)
+		}
 		if np, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok && t.isNodePortAddress(ip) {
 			t.problem("port %s %s %s: this node's NodePort address %s and port %d/%s are NodePort %d of port %s; served as NodePort only",
 				portName, what, ip, ip, sp.Port, sp.Protocol, np.NodePort, portLabel(np))
