@@ -171,7 +171,9 @@ type VIP struct {
 	Port  uint16
 }
 
-func (v VIP) String() string { return fmt.Sprintf("%s/%s", netip.AddrPortFrom(v.Addr, v.Port), v.Proto) }
+func (v VIP) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(v.Addr, v.Port), v.Proto)
+}
 
 // SchedulerFlag is an IPVS scheduler flag (ipvsadm's name).
 type SchedulerFlag string
