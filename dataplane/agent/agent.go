@@ -67,6 +67,11 @@ type Config struct {
 	Kernel *kernel.Kernel
 	// Reconcile configures the reconciler (period, families, retry).
 	Reconcile reconcile.Config
+	// DetectIPv6 adds IPv6 to Reconcile.Families when the node has a global
+	// IPv6 address on an interface other than lo and kube-ipvs0 (what
+	// kube-proxy's dual-stack detection amounts to); the decision is logged
+	// and reported in Capabilities.ipv6.
+	DetectIPv6 bool
 	// BackoffBase and BackoffMax bound reconnect delays (client defaults if 0).
 	BackoffBase, BackoffMax time.Duration
 	// StateDir keeps the applied resources across restarts (a tmpfs such as
@@ -142,6 +147,23 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		if k, err = NewLinuxKernel(ctx, log); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.DetectIPv6 && !slices.Contains(cfg.Reconcile.Families, kernel.FamilyIPv6) {
+		families := slices.Clone(cfg.Reconcile.Families)
+		if len(families) == 0 {
+			families = []kernel.Family{kernel.FamilyIPv4} // the reconciler's default
+		}
+		has, addr, err := hasIPv6(k.Links)
+		switch {
+		case err != nil:
+			log.Warn("cannot tell whether the node has IPv6; managing IPv4 only (set --ipv6 to decide)", zap.Error(err))
+		case has:
+			log.Info("node has a global IPv6 address: managing IPv4 and IPv6", zap.String("address", addr))
+			families = append(families, kernel.FamilyIPv6)
+		default:
+			log.Info("node has no global IPv6 address: managing IPv4 only")
+		}
+		cfg.Reconcile.Families = families
 	}
 	rec, err := reconcile.New(k, cfg.Reconcile, log.Named("reconcile"))
 	if err != nil {
@@ -228,6 +250,24 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: client: %w", err)
 	}
 	return a, nil
+}
+
+// hasIPv6 reports whether the node has a global unicast IPv6 address on an
+// interface other than lo and kube-ipvs0 (the one vsplane binds Service
+// addresses to).
+func hasIPv6(links kernel.Links) (bool, string, error) {
+	addrs, err := links.LocalAddresses()
+	if err != nil {
+		return false, "", err
+	}
+	for _, a := range addrs {
+		ip := a.Prefix.Addr()
+		if a.Interface == "lo" || a.Interface == "kube-ipvs0" || !ip.Is6() || ip.Is4In6() || !ip.IsGlobalUnicast() {
+			continue
+		}
+		return true, a.Interface + " " + ip.String(), nil
+	}
+	return false, "", nil
 }
 
 // nonLoopback returns the targets whose host is not a loopback address.

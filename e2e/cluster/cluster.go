@@ -65,7 +65,7 @@ type Options struct {
 	Zones []string
 	// IPv6 makes the cluster dual-stack: the apiserver gets an IPv6 Service
 	// range (vm.ServiceNet6), every namespace an IPv6 address (vm.TopologyOptions),
-	// Node objects an IPv6 InternalIP, agents --ipv6, and the IPv6 pod CIDRs
+	// Node objects an IPv6 InternalIP, agents detect IPv6 (--ipv6 auto), and the IPv6 pod CIDRs
 	// are cluster CIDRs too.
 	IPv6 bool
 	// GoPackages are extra Go packages built (static) into the guest's /usr/local/bin.
@@ -397,10 +397,10 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string) (*vm.Pod, error
 // AgentCommand is the guest command line of node's agent.
 func (c *Cluster) AgentCommand(node string) string {
 	c.mu.Lock()
+	// --ipv6 is left at auto: a dual-stack topology gives every node a
+	// global IPv6 address, so the agents detect it (and an IPv4-only one
+	// does not).
 	extra := c.opts.AgentArgs
-	if c.opts.IPv6 {
-		extra = "--ipv6 " + extra
-	}
 	c.mu.Unlock()
 	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[3]s --metrics-address 127.0.0.1:10249 %[4]s %[5]s",
 		node, c.agentTargets(), c.opts.ReconcilePeriod, agentSecurityArgs(node), extra)

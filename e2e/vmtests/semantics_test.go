@@ -437,6 +437,13 @@ func (e *semEnv) zones(t *testing.T, s *services) {
 }
 
 func (e *semEnv) ipv6(t *testing.T, s *services) {
+	// The agents run with --ipv6 auto: they found the nodes' global IPv6
+	// addresses and said so in their capabilities.
+	for _, n := range []string{"node1", "node2"} {
+		if a, ok := e.c.Replica.Streams.Registry().Agent(n); !ok || !a.GetCapabilities().GetIpv6() {
+			t.Fatalf("%s's agent did not detect IPv6 (capabilities %v)", n, a.GetCapabilities())
+		}
+	}
 	var v4, v6 string
 	for _, ip := range s.dual.Spec.ClusterIPs {
 		if strings.Contains(ip, ":") {

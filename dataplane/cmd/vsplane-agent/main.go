@@ -42,7 +42,7 @@ func run() error {
 		removalWait  = flag.Duration("removal-confirmation", 30*time.Second, "how long such a Delta is held before the agent asks the control plane again and applies it if it still says the same")
 		nodeName     = flag.String("node-name", os.Getenv("NODE_NAME"), "this node's Kubernetes Node name (default $NODE_NAME)")
 		period       = flag.Duration("reconcile-period", 30*time.Second, "period of the full reconcile against the kernel")
-		ipv6         = flag.Bool("ipv6", false, "also manage IPv6 (ip6tables, KUBE-6- sets)")
+		ipv6         = flag.String("ipv6", "auto", "manage IPv6 too (ip6tables, KUBE-6- sets): auto (when the node has a global IPv6 address, like kube-proxy's dual-stack detection), true or false")
 		metricsAddr  = flag.String("metrics-address", "127.0.0.1:10249", "address for /metrics and /healthz; empty disables")
 		healthzAddr  = flag.String("healthz-address", "0.0.0.0:10256", "address for /healthz and /livez only, probed by load balancers (kube-proxy's --healthz-bind-address); empty disables")
 		backoffMax   = flag.Duration("reconnect-backoff-max", 30*time.Second, "upper bound of the reconnect delay")
@@ -76,14 +76,22 @@ func run() error {
 		return fmt.Errorf("--drain-check-interval and --max-drain must be > 0, got %v and %v", *drainCheck, *maxDrain)
 	}
 	families := []kernel.Family{kernel.FamilyIPv4}
-	if *ipv6 {
+	detect := false
+	switch *ipv6 {
+	case "auto":
+		detect = true
+	case "true":
 		families = append(families, kernel.FamilyIPv6)
+	case "false":
+	default:
+		return fmt.Errorf("--ipv6 %q: want auto, true or false", *ipv6)
 	}
 	cfg := agent.Config{
 		ControlPlane: *controlPlane,
 		NodeName:     *nodeName,
 		Reconcile: reconcile.Config{Period: *period, Families: families,
 			DrainCheckInterval: *drainCheck, MaxDrain: *maxDrain},
+		DetectIPv6:           detect,
 		BackoffMax:           *backoffMax,
 		FirstDeltaTimeout:    *firstDelta,
 		MaxRemovalShare:      *removalShare,
