@@ -232,7 +232,7 @@ func newRolloutController(cfg Config, r *Replica, insp *inspect.Server, log *zap
 	}
 	rc := rollout.Config{
 		Kube: cfg.Kube, Dynamic: cfg.Dynamic, LeaseNamespace: ns, LeaseName: name, Identity: id,
-		Rollouts: r.Watcher.Rollouts, Engine: r.Engine, Desired: r.Store,
+		Rollouts: r.Watcher.Rollouts, Engine: r.Engine, Desired: r.Store, Problems: r.Engine.AllProblems,
 		Agents: func(ctx context.Context, names []string) ([]*vsplanev1.AgentInfo, error) {
 			resp, err := insp.ListAgents(ctx, &vsplanev1.ListAgentsRequest{VersionsOf: names})
 			return resp.GetAgents(), err

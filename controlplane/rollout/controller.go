@@ -64,8 +64,12 @@ type Config struct {
 	// Agents returns every agent of the fleet with its acknowledged and
 	// NACKed versions of names (inspect, fleet-wide).
 	Agents func(ctx context.Context, names []string) ([]*vsplanev1.AgentInfo, error)
-	Logger *zap.Logger
-	Now    func() time.Time
+	// Problems returns the Services' problems (engine.AllProblems): the
+	// leader records an Event on each Service whose scheduler annotation is
+	// refused, once per distinct problem.
+	Problems func() map[model.ServiceKey][]model.Problem
+	Logger   *zap.Logger
+	Now      func() time.Time
 }
 
 // Controller elects a leader among the replicas; the leader moves every
@@ -75,6 +79,9 @@ type Controller struct {
 	log      *zap.Logger
 	recorder record.EventRecorder
 	leading  atomic.Bool
+	// reported: the bad-scheduler problems already recorded as Events, by
+	// Service (leader goroutine only).
+	reported map[model.ServiceKey]string
 }
 
 // New returns a controller; Run starts it.
@@ -101,9 +108,12 @@ func New(cfg Config) (*Controller, error) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Kube.CoreV1().Events("")})
-	return &Controller{cfg: cfg, log: cfg.Logger,
+	return &Controller{cfg: cfg, log: cfg.Logger, reported: map[model.ServiceKey]string{},
 		recorder: b.NewRecorder(scheme, corev1.EventSource{Component: "vsplane-controlplane", Host: cfg.Identity})}, nil
 }
 
@@ -145,6 +155,7 @@ func (c *Controller) lead(ctx context.Context) {
 	defer t.Stop()
 	for {
 		c.Reconcile(ctx)
+		c.reportBadSchedulers()
 		select {
 		case <-ctx.Done():
 			return
@@ -174,6 +185,37 @@ func (c *Controller) Reconcile(ctx context.Context) {
 			if blockedBy == "" {
 				blockedBy = ro.Name
 			}
+		}
+	}
+}
+
+// reportBadSchedulers records a Warning Event on every Service whose
+// scheduler annotation is refused (the Service keeps the fleet's
+// scheduler), once per distinct problem; only the leader does, so one
+// Event per problem, not one per replica.
+func (c *Controller) reportBadSchedulers() {
+	if c.cfg.Problems == nil {
+		return
+	}
+	seen := map[model.ServiceKey]bool{}
+	for key, problems := range c.cfg.Problems() {
+		for _, p := range problems {
+			if p.Reason != model.ReasonBadScheduler {
+				continue
+			}
+			seen[key] = true
+			if c.reported[key] == p.Detail {
+				continue
+			}
+			c.reported[key] = p.Detail
+			svc := &corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+				ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+			c.recorder.Event(svc, corev1.EventTypeWarning, "BadScheduler", p.Detail)
+		}
+	}
+	for key := range c.reported {
+		if !seen[key] {
+			delete(c.reported, key)
 		}
 	}
 }

@@ -110,7 +110,13 @@ func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 			slices.Sort(vs.Flags)
 		}
 	}
-	t.st.LocalEndpoints = uint32(len(localReady))
+	for a := range localReady {
+		if a.Is4() {
+			t.st.LocalEndpoints++
+		} else {
+			t.st.LocalEndpointsIpv6++
+		}
+	}
 	t.st.HealthCheckNodePort = uint32(svc.HealthCheckNodePort)
 	return t.st
 }

@@ -469,7 +469,8 @@ func (a *Agent) syncHealthChecks() {
 	checks := a.Reconciler.HealthChecks()
 	svcs := make([]healthcheck.Service, 0, len(checks))
 	for _, c := range checks {
-		svcs = append(svcs, healthcheck.Service{Namespace: c.Namespace, Name: c.Name, Port: c.Port, LocalEndpoints: c.LocalEndpoints})
+		svcs = append(svcs, healthcheck.Service{Namespace: c.Namespace, Name: c.Name, Port: c.Port,
+			IPv4: c.IPv4, IPv6: c.IPv6, LocalEndpoints4: c.LocalEndpoints4, LocalEndpoints6: c.LocalEndpoints6})
 	}
 	var addrs []netip.Addr // nil: all addresses, as kube-proxy without --nodeport-addresses
 	if np, restricted := a.Reconciler.NodePortAddresses(); restricted {

@@ -21,7 +21,10 @@ import (
 func hcService(port, local uint32) *vsplanev1.Resource {
 	return &vsplanev1.Resource{Name: "service/default/lb", Version: fmt.Sprintf("%d-%d", port, local),
 		Body: &vsplanev1.Resource_Service{Service: &vsplanev1.ServiceState{Namespace: "default", Name: "lb",
-			HealthCheckNodePort: port, LocalEndpoints: local}}}
+			HealthCheckNodePort: port, LocalEndpoints: local,
+			VirtualServers: []*vsplanev1.VirtualServer{{Kind: vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP,
+				Address: "198.18.0.50", Family: vsplanev1.IPFamily_IP_FAMILY_IPV4, Port: 80, Protocol: vsplanev1.Protocol_PROTOCOL_TCP,
+				Binding: vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS}}}}}
 }
 
 func nodeSettings(deleting bool) *vsplanev1.Resource {

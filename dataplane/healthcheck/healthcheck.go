@@ -4,6 +4,9 @@
 // on its healthCheckNodePort, answering 200 while the node has a local
 // endpoint of the Service (and the proxy is healthy) and 503 otherwise, so
 // external load balancers send traffic only to nodes that can serve it.
+// Like kube-proxy, which runs one health server per proxied IP family, a
+// dual-stack Service gets an IPv4 and an IPv6 listener, each counting only
+// its family's endpoints.
 //
 //	reconciler ──HealthChecks, NodePortAddresses──▶ Server.Sync ──▶ listeners
 //	                                                             (one per address)
@@ -15,9 +18,10 @@
 //   - A port that cannot be bound is never fatal: the Service is left
 //     without a server, the error is kept (Errors) and logged once, and the
 //     next Sync tries again (like kube-proxy).
-//   - Listen addresses: nil means every address (":port", as kube-proxy
-//     with an empty --nodeport-addresses); otherwise one listener per
-//     address.
+//   - Listen addresses: nil means every address of each family the
+//     Service has ("0.0.0.0:port" on tcp4, "[::]:port" on tcp6, as
+//     kube-proxy with an empty --nodeport-addresses); otherwise one listener
+//     per address of those families.
 //   - Safe for concurrent use. Close stops every server.
 package healthcheck
 
@@ -39,8 +43,10 @@ import (
 type Service struct {
 	Namespace, Name string
 	Port            uint16
-	// LocalEndpoints is the number of this node's endpoints of the Service.
-	LocalEndpoints int
+	// IPv4 and IPv6 are the families the Service has; LocalEndpoints4 and
+	// LocalEndpoints6 the number of this node's endpoints of each.
+	IPv4, IPv6                       bool
+	LocalEndpoints4, LocalEndpoints6 int
 }
 
 func (s Service) key() string { return s.Namespace + "/" + s.Name }
@@ -105,7 +111,8 @@ func (s *Server) Sync(services []Service, addrs []netip.Addr) map[string]string 
 	}
 	for key, in := range s.services {
 		w, ok := want[key]
-		if !ok || w.Port != in.svc.Port || !slices.Equal(addrs, in.addrs) || (addrs == nil) != (in.addrs == nil) {
+		if !ok || w.Port != in.svc.Port || w.IPv4 != in.svc.IPv4 || w.IPv6 != in.svc.IPv6 ||
+			!slices.Equal(addrs, in.addrs) || (addrs == nil) != (in.addrs == nil) {
 			s.log.Info("closing health check", zap.String("service", key), zap.Uint16("port", in.svc.Port))
 			in.close()
 			delete(s.services, key)
@@ -115,7 +122,7 @@ func (s *Server) Sync(services []Service, addrs []netip.Addr) map[string]string 
 	for _, key := range sortedKeys(want) {
 		svc := want[key]
 		if in, ok := s.services[key]; ok {
-			in.svc.LocalEndpoints = svc.LocalEndpoints
+			in.svc.LocalEndpoints4, in.svc.LocalEndpoints6 = svc.LocalEndpoints4, svc.LocalEndpoints6
 			continue
 		}
 		in, err := s.open(svc, addrs)
@@ -143,25 +150,42 @@ func (s *Server) open(svc Service, addrs []netip.Addr) (*instance, error) {
 	if svc.Port == 0 {
 		return nil, errors.New("port 0")
 	}
+	if !svc.IPv4 && !svc.IPv6 {
+		return nil, errors.New("no IP family to serve")
+	}
 	in := &instance{svc: svc, addrs: slices.Clone(addrs)}
-	hosts := []string{""} // all addresses
-	if addrs != nil {
-		if len(addrs) == 0 {
-			return nil, errors.New("no NodePort address to listen on (node_port_addresses matches none of the node's addresses)")
+	type listen struct {
+		network, host string
+		v6            bool
+	}
+	var listens []listen
+	if addrs == nil {
+		if svc.IPv4 {
+			listens = append(listens, listen{"tcp4", "0.0.0.0", false})
 		}
-		hosts = hosts[:0]
+		if svc.IPv6 {
+			listens = append(listens, listen{"tcp6", "::", true})
+		}
+	} else {
 		for _, a := range addrs {
-			hosts = append(hosts, a.String())
+			if a.Is4() && svc.IPv4 {
+				listens = append(listens, listen{"tcp4", a.String(), false})
+			} else if a.Is6() && svc.IPv6 {
+				listens = append(listens, listen{"tcp6", a.String(), true})
+			}
+		}
+		if len(listens) == 0 {
+			return nil, errors.New("no NodePort address of the Service's families to listen on (node_port_addresses matches none of the node's addresses)")
 		}
 	}
 	key := svc.key()
-	for _, h := range hosts {
-		ln, err := s.cfg.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(int(svc.Port))))
+	for _, l := range listens {
+		ln, err := s.cfg.Listen(l.network, net.JoinHostPort(l.host, strconv.Itoa(int(svc.Port))))
 		if err != nil {
 			in.close()
 			return nil, err
 		}
-		srv := &http.Server{Handler: s.handler(key, svc.Namespace, svc.Name), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: s.handler(key, svc.Namespace, svc.Name, l.v6), ReadHeaderTimeout: 5 * time.Second}
 		in.servers = append(in.servers, srv)
 		in.listeners = append(in.listeners, ln)
 		go func() {
@@ -207,13 +231,16 @@ func (s *Server) Close() {
 
 // handler answers like kube-proxy's hcHandler: same status rule, headers
 // and body bytes.
-func (s *Server) handler(key, namespace, name string) http.Handler {
+func (s *Server) handler(key, namespace, name string, v6 bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		s.mu.Lock()
 		in, ok := s.services[key]
 		count := 0
 		if ok {
-			count = in.svc.LocalEndpoints
+			count = in.svc.LocalEndpoints4
+			if v6 {
+				count = in.svc.LocalEndpoints6
+			}
 		}
 		s.mu.Unlock()
 		if !ok {

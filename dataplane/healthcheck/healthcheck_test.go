@@ -60,7 +60,7 @@ func TestServesKubeProxyAnswer(t *testing.T) {
 	s := New(Config{Logger: zaptest.NewLogger(t), ProxyHealthy: func() bool { return !unhealthy.Load() }})
 	defer s.Close()
 	port := freePort(t)
-	web := Service{Namespace: "default", Name: "web", Port: port, LocalEndpoints: 2}
+	web := Service{Namespace: "default", Name: "web", Port: port, IPv4: true, LocalEndpoints4: 2}
 	if errs := s.Sync([]Service{web}, loopback); len(errs) != 0 {
 		t.Fatal(errs)
 	}
@@ -84,13 +84,13 @@ func TestServesKubeProxyAnswer(t *testing.T) {
 	}
 
 	// No local endpoint: 503, same server (no reopen).
-	web.LocalEndpoints = 0
+	web.LocalEndpoints4 = 0
 	s.Sync([]Service{web}, loopback)
 	if a := probe(t, port); a.code != 503 || !strings.Contains(a.body, `"localEndpoints": 0`) || a.header.Get("X-Load-Balancing-Endpoint-Weight") != "0" {
 		t.Errorf("no endpoints: %+v", a)
 	}
 	// Endpoints but the proxy is unhealthy: 503, serviceProxyHealthy false.
-	web.LocalEndpoints = 1
+	web.LocalEndpoints4 = 1
 	s.Sync([]Service{web}, loopback)
 	unhealthy.Store(true)
 	if a := probe(t, port); a.code != 503 || !strings.Contains(a.body, `"serviceProxyHealthy": false`) {
@@ -130,8 +130,8 @@ func TestBindFailureReportedAndRetried(t *testing.T) {
 	takenPort := uint16(taken.Addr().(*net.TCPAddr).Port)
 	okPort := freePort(t)
 	svcs := []Service{
-		{Namespace: "default", Name: "busy", Port: takenPort, LocalEndpoints: 1},
-		{Namespace: "default", Name: "ok", Port: okPort, LocalEndpoints: 1},
+		{Namespace: "default", Name: "busy", Port: takenPort, IPv4: true, LocalEndpoints4: 1},
+		{Namespace: "default", Name: "ok", Port: okPort, IPv4: true, LocalEndpoints4: 1},
 	}
 	errs := s.Sync(svcs, loopback)
 	if len(errs) != 1 || !strings.Contains(errs["default/busy"], fmt.Sprintf("health check node port %d of default/busy", takenPort)) {
@@ -177,7 +177,7 @@ func TestListenAddressChange(t *testing.T) {
 	}})
 	defer s.Close()
 	port := freePort(t)
-	svc := Service{Namespace: "ns", Name: "a", Port: port, LocalEndpoints: 1}
+	svc := Service{Namespace: "ns", Name: "a", Port: port, IPv4: true, LocalEndpoints4: 1}
 	s.Sync([]Service{svc}, loopback)
 	s.Sync([]Service{svc}, loopback) // unchanged: no reopen
 	two := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")}
@@ -191,5 +191,46 @@ func TestListenAddressChange(t *testing.T) {
 	}
 	if a := probe(t, port); a.code != 200 {
 		t.Errorf("after reopen: %+v", a)
+	}
+}
+
+// A dual-stack Service gets one listener per family, each answering its own
+// family's count (kube-proxy runs a health server per proxied family).
+func TestDualStackAnswersPerFamily(t *testing.T) {
+	if ln, err := net.Listen("tcp6", "[::1]:0"); err != nil {
+		t.Fatalf("this machine has no IPv6 loopback, which the test needs: %v", err)
+	} else {
+		ln.Close()
+	}
+	s := New(Config{Logger: zaptest.NewLogger(t)})
+	defer s.Close()
+	port := freePort(t)
+	dual := Service{Namespace: "ns", Name: "dual", Port: port, IPv4: true, IPv6: true, LocalEndpoints4: 1, LocalEndpoints6: 2}
+	if errs := s.Sync([]Service{dual}, []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")}); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	get := func(host string) answer {
+		t.Helper()
+		c := &http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Get(fmt.Sprintf("http://%s/", net.JoinHostPort(host, fmt.Sprint(port))))
+		if err != nil {
+			t.Fatalf("GET %s: %v", host, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{code: resp.StatusCode, header: resp.Header, body: string(b)}
+	}
+	for host, want := range map[string]string{"127.0.0.1": "1", "::1": "2"} {
+		a := get(host)
+		if a.code != 200 || !strings.Contains(a.body, `"localEndpoints": `+want) || a.header.Get("X-Load-Balancing-Endpoint-Weight") != want {
+			t.Errorf("%s: %d %q weight %q, want localEndpoints %s", host, a.code, a.body, a.header.Get("X-Load-Balancing-Endpoint-Weight"), want)
+		}
+	}
+	// An IPv6-only Service gets no IPv4 listener.
+	s.Sync([]Service{{Namespace: "ns", Name: "v6", Port: port, IPv6: true, LocalEndpoints6: 1}}, nil)
+	c := &http.Client{Timeout: 2 * time.Second}
+	if resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", port)); err == nil {
+		resp.Body.Close()
+		t.Error("an IPv6-only Service answers on IPv4")
 	}
 }

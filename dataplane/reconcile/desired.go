@@ -243,7 +243,15 @@ func (c *compiler) compileService(rs *resourceState, svc *vsplanev1.ServiceState
 			rs.problem("%v", err)
 		} else if identity {
 			rs.health = &HealthCheck{Resource: rs.name, Namespace: namespace, Name: name,
-				Port: uint16(p), LocalEndpoints: int(svc.GetLocalEndpoints())}
+				Port: uint16(p), LocalEndpoints4: int(svc.GetLocalEndpoints()), LocalEndpoints6: int(svc.GetLocalEndpointsIpv6())}
+			for _, v := range svc.GetVirtualServers() {
+				switch v.GetFamily() {
+				case vsplanev1.IPFamily_IP_FAMILY_IPV4:
+					rs.health.IPv4 = c.families.has(kernel.FamilyIPv4)
+				case vsplanev1.IPFamily_IP_FAMILY_IPV6:
+					rs.health.IPv6 = c.families.has(kernel.FamilyIPv6)
+				}
+			}
 		}
 	}
 	for i, v := range svc.GetVirtualServers() {

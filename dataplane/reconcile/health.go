@@ -14,8 +14,11 @@ type HealthCheck struct {
 	Resource        string
 	Namespace, Name string
 	Port            uint16
-	// LocalEndpoints is the number of this node's endpoints of the Service.
-	LocalEndpoints int
+	// LocalEndpoints4 and LocalEndpoints6 count this node's ready endpoints
+	// of the Service per family; IPv4 and IPv6 say which families the
+	// Service has (on this agent): one health server per family.
+	LocalEndpoints4, LocalEndpoints6 int
+	IPv4, IPv6                       bool
 }
 
 // HealthChecks returns the health-check node ports of the desired

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/textproto"
 	"strconv"
 	"strings"
@@ -134,9 +135,9 @@ type HTTPResponse struct {
 // busybox nc (no HTTP client is in the guest), bounded by timeoutSec, and
 // parses the answer.
 func (c *Cluster) HTTPGet(ctx context.Context, from *vm.Netns, hostport, path string, timeoutSec int) (HTTPResponse, error) {
-	host, port, ok := strings.Cut(hostport, ":")
-	if !ok || strings.Contains(port, ":") {
-		return HTTPResponse{}, fmt.Errorf("HTTPGet: want IPv4 HOST:PORT, got %q", hostport)
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return HTTPResponse{}, fmt.Errorf("HTTPGet: want HOST:PORT or [IPv6]:PORT, got %q", hostport)
 	}
 	cmd := fmt.Sprintf(`printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' | nc -w %d %s %s`, path, hostport, timeoutSec, host, port)
 	res, err := from.Run(ctx, cmd)

@@ -52,6 +52,11 @@ func TestSchedulerRollouts(t *testing.T) {
 		mustCreateService(t, ctx, kube, svc)
 	}
 	mustCreateService(t, ctx, kube, clusterIPService("default", "other", 80))
+	// A Service naming a scheduler that does not exist keeps the fleet's,
+	// and the rollout leader records an Event on it.
+	bad := clusterIPService("default", "bad-annotation", 80)
+	bad.Annotations = map[string]string{"scheduler.vsplane.io/name": "fancy"}
+	badIP := mustCreateService(t, ctx, kube, bad)
 
 	lns := []net.Listener{listen(t), listen(t)}
 	addrs := []string{lns[0].Addr().String(), lns[1].Addr().String()}
@@ -91,13 +96,13 @@ func TestSchedulerRollouts(t *testing.T) {
 			if err != nil {
 				return nil, nil, err.Error()
 			}
-			if len(vss) < 4 {
+			if len(vss) < 5 {
 				return nil, nil, fmt.Sprintf("%s has %d virtual servers", n, len(vss))
 			}
 			// "other" is the Service without the label; the rest are web.
 			webSched, otherSched := "", ""
 			for _, vs := range vss {
-				if vs.Key.Port != 80 {
+				if vs.Key.Port != 80 || vs.Key.Address.String() == badIP {
 					continue
 				}
 				if vs.Key.Address.String() == otherIP {
@@ -210,6 +215,10 @@ func TestSchedulerRollouts(t *testing.T) {
 		if _, err := dyn.Resource(v1alpha1.Resource).Create(ctx, &u, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil || !strings.Contains(err.Error(), "spec.scheduler") {
 			t.Fatalf("scheduler \"fancy\" accepted: %v", err)
 		}
+	})
+
+	t.Run("a bad scheduler annotation is an Event on the Service", func(t *testing.T) {
+		assertEvents(t, ctx, kube, "bad-annotation", "BadScheduler")
 	})
 
 	t.Run("a 4-step rollout reaches every node", func(t *testing.T) {

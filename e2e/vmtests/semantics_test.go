@@ -89,7 +89,7 @@ func TestVMServiceSemantics(t *testing.T) {
 
 // services holds the Services createAll made, as the apiserver returned them.
 type services struct {
-	np, ext, ext2, lb, aff, loc, term, zone, dual, itp, other *corev1.Service
+	np, ext, ext2, lb, aff, loc, loc6, term, zone, dual, itp, other *corev1.Service
 }
 
 func (e *semEnv) createAll(t *testing.T) *services {
@@ -128,6 +128,15 @@ func (e *semEnv) createAll(t *testing.T) *services {
 	s.loc = e.create(t, loc)
 	s.loc = e.setIngress(t, s.loc, lbLocalIP)
 	e.slice(t, s.loc, discoveryv1.AddressTypeIPv4, e.pods(t, false, "pod-a", "pod-a2")...)
+
+	// Dual-stack, ETP Local: one local endpoint per family on node1.
+	loc6 := service("loc6", corev1.ServiceTypeLoadBalancer, 80, corev1.ProtocolTCP)
+	loc6.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	dualPolicy := corev1.IPFamilyPolicyRequireDualStack
+	loc6.Spec.IPFamilyPolicy = &dualPolicy
+	s.loc6 = e.create(t, loc6)
+	e.slice(t, s.loc6, discoveryv1.AddressTypeIPv4, e.pods(t, false, "pod-a")...)
+	e.slice(t, s.loc6, discoveryv1.AddressTypeIPv6, e.pods(t, true, "pod-a")...)
 
 	s.term = e.create(t, service("term", corev1.ServiceTypeClusterIP, 80, corev1.ProtocolTCP))
 	e.slice(t, s.term, discoveryv1.AddressTypeIPv4, e.terminatingEndpoints(t)...)
@@ -372,6 +381,26 @@ func (e *semEnv) healthCheck(t *testing.T, s *services) {
 			t.Errorf("health check %s (%s): %v; last answer: %v", addr, n.node.Name, err, last)
 		} else {
 			t.Logf("health check %s (%s): %d, localEndpoints %d", addr, n.node.Name, n.status, n.local)
+		}
+	}
+	// A dual-stack Service answers per family, like kube-proxy's per-family
+	// health servers: node1 has one local endpoint of each family.
+	hc6 := s.loc6.Spec.HealthCheckNodePort
+	for _, addr := range []string{hostPort(e.node1.IP, hc6), net.JoinHostPort(e.node1.IP6, fmt.Sprint(hc6))} {
+		var last error
+		if err := cluster.Await(e.ctx, semConverge, poll, func(ctx context.Context) error {
+			r, err := e.c.HTTPGet(ctx, e.client, addr, "/", 3)
+			if err == nil {
+				err = checkHC(r, "loc6", 200, 1)
+			}
+			if ctx.Err() == nil {
+				last = err
+			}
+			return err
+		}); err != nil {
+			t.Errorf("dual-stack health check %s: %v; last answer: %v", addr, err, last)
+		} else {
+			t.Logf("dual-stack health check %s: 200, localEndpoints 1", addr)
 		}
 	}
 	// The node's own /healthz on kube-proxy's port 10256, which load

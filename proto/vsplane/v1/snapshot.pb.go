@@ -564,16 +564,19 @@ type ServiceState struct {
 	IpsetEntries []*IPSetEntry `protobuf:"bytes,4,rep,name=ipset_entries,json=ipsetEntries,proto3" json:"ipset_entries,omitempty"`
 	// healthCheckNodePort of an externalTrafficPolicy: Local Service; 0 if none.
 	HealthCheckNodePort uint32 `protobuf:"varint,5,opt,name=health_check_node_port,json=healthCheckNodePort,proto3" json:"health_check_node_port,omitempty"`
-	// Number of endpoints local to this node (drives the health-check answer).
+	// Number of ready IPv4 endpoints local to this node, and of IPv6 ones
+	// (local_endpoints_ipv6): the health-check node port answers per family,
+	// like kube-proxy's per-family health servers.
 	LocalEndpoints uint32 `protobuf:"varint,6,opt,name=local_endpoints,json=localEndpoints,proto3" json:"local_endpoints,omitempty"`
 	// Problems found while translating; the Service may be partly programmed.
 	Problems []string `protobuf:"bytes,7,rep,name=problems,proto3" json:"problems,omitempty"`
 	// Why the virtual servers carry the scheduler they do on this node:
 	// "annotation scheduler.vsplane.io/name", "SchedulerRollout <name>", or ""
 	// when they name none and the node default (NodeSettings) applies.
-	SchedulerSource string `protobuf:"bytes,8,opt,name=scheduler_source,json=schedulerSource,proto3" json:"scheduler_source,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	SchedulerSource    string `protobuf:"bytes,8,opt,name=scheduler_source,json=schedulerSource,proto3" json:"scheduler_source,omitempty"`
+	LocalEndpointsIpv6 uint32 `protobuf:"varint,9,opt,name=local_endpoints_ipv6,json=localEndpointsIpv6,proto3" json:"local_endpoints_ipv6,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ServiceState) Reset() {
@@ -660,6 +663,13 @@ func (x *ServiceState) GetSchedulerSource() string {
 		return x.SchedulerSource
 	}
 	return ""
+}
+
+func (x *ServiceState) GetLocalEndpointsIpv6() uint32 {
+	if x != nil {
+		return x.LocalEndpointsIpv6
+	}
+	return 0
 }
 
 // VirtualServer is one IPVS virtual server and its real servers.
@@ -1210,7 +1220,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\aservice\x18\n" +
 	" \x01(\v2\x18.vsplane.v1.ServiceStateH\x00R\aservice\x12?\n" +
 	"\rnode_settings\x18\v \x01(\v2\x18.vsplane.v1.NodeSettingsH\x00R\fnodeSettingsB\x06\n" +
-	"\x04body\"\xe6\x02\n" +
+	"\x04body\"\x98\x03\n" +
 	"\fServiceState\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12B\n" +
@@ -1219,7 +1229,8 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\x16health_check_node_port\x18\x05 \x01(\rR\x13healthCheckNodePort\x12'\n" +
 	"\x0flocal_endpoints\x18\x06 \x01(\rR\x0elocalEndpoints\x12\x1a\n" +
 	"\bproblems\x18\a \x03(\tR\bproblems\x12)\n" +
-	"\x10scheduler_source\x18\b \x01(\tR\x0fschedulerSource\"\xa0\x05\n" +
+	"\x10scheduler_source\x18\b \x01(\tR\x0fschedulerSource\x120\n" +
+	"\x14local_endpoints_ipv6\x18\t \x01(\rR\x12localEndpointsIpv6\"\xa0\x05\n" +
 	"\rVirtualServer\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.vsplane.v1.VirtualServerKindR\x04kind\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12.\n" +
