@@ -270,7 +270,9 @@ func (c *Client) backoff(attempt int) time.Duration {
 	return half + rand.N(d-half+1)
 }
 
-// runStream serves one stream. healthy reports whether it delivered a Delta.
+// runStream serves one stream: Hello, the status sender, then every Delta
+// applied and acknowledged in order. healthy reports whether it delivered
+// a Delta.
 func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient, target string) (healthy bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -284,52 +286,18 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 		defer sendMu.Unlock()
 		return st.Send(m)
 	}
-
-	hello := &vsplanev1.Hello{
-		NodeName:         c.cfg.NodeName,
-		AgentVersion:     c.cfg.AgentVersion,
-		ResourceVersions: c.cfg.Applier.Versions(),
-	}
-	if c.cfg.Capabilities != nil {
-		hello.Capabilities = c.cfg.Capabilities()
-	}
-	if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Hello{Hello: hello}}); err != nil {
-		return false, fmt.Errorf("send Hello: %w", err)
+	held, err := c.sendHello(send)
+	if err != nil {
+		return false, err
 	}
 	c.connected.Store(true)
 	defer c.connected.Store(false)
-	c.log.Info("agent stream open", zap.String("target", target),
-		zap.Int("heldResources", len(hello.ResourceVersions)))
-
-	// Status sender: the current status now, then on every SetStatus.
-	go func() {
-		sendStatus := func() {
-			c.statusMu.Lock()
-			s := c.lastStatus
-			c.statusMu.Unlock()
-			if s == nil {
-				return
-			}
-			if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: s}}); err != nil {
-				c.log.Debug("send status failed", zap.Error(err))
-			}
-		}
-		sendStatus()
-		for {
-			select {
-			case <-sctx.Done():
-				return
-			case <-c.statusCh:
-				sendStatus()
-			}
-		}
-	}()
+	c.log.Info("agent stream open", zap.String("target", target), zap.Int("heldResources", held))
+	go c.sendStatuses(sctx, send)
 
 	// A replica still computing its first full state holds the stream; do
 	// not wait for it forever when another may be ready.
-	firstDelta := time.AfterFunc(c.cfg.FirstDeltaTimeout, func() {
-		cancel()
-	})
+	firstDelta := time.AfterFunc(c.cfg.FirstDeltaTimeout, cancel)
 	defer firstDelta.Stop()
 	first := true
 	for {
@@ -365,27 +333,75 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 			}
 		}
 		healthy = true
-		start := time.Now()
-		ack := c.cfg.Applier.Apply(ctx, delta)
-		if ack == nil {
-			ack = &vsplanev1.Ack{Status: vsplanev1.AckStatus_ACK_STATUS_NACK,
-				Errors: []*vsplanev1.ResourceError{{Message: "applier returned no Ack"}}}
-		}
-		ack.Nonce = delta.GetNonce()
-		if ack.ApplyDuration == nil {
-			ack.ApplyDuration = durationpb.New(time.Since(start))
-		}
-		if ack.Status == vsplanev1.AckStatus_ACK_STATUS_UNSPECIFIED {
-			ack.Status = vsplanev1.AckStatus_ACK_STATUS_ACK
-			if len(ack.Errors) > 0 {
-				ack.Status = vsplanev1.AckStatus_ACK_STATUS_NACK
-			}
-		}
-		c.log.Debug("applied delta", zap.String("nonce", delta.GetNonce()),
-			zap.Int("resources", len(delta.GetResources())), zap.Int("removed", len(delta.GetRemoved())),
-			zap.Stringer("status", ack.Status))
-		if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Ack{Ack: ack}}); err != nil {
+		if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Ack{Ack: c.apply(ctx, delta)}}); err != nil {
 			return healthy, fmt.Errorf("send Ack: %w", err)
 		}
 	}
+}
+
+// sendHello says which node this is and what it holds; it returns how many
+// resources the Hello listed.
+func (c *Client) sendHello(send func(*vsplanev1.ConnectRequest) error) (int, error) {
+	hello := &vsplanev1.Hello{
+		NodeName:         c.cfg.NodeName,
+		AgentVersion:     c.cfg.AgentVersion,
+		ResourceVersions: c.cfg.Applier.Versions(),
+	}
+	if c.cfg.Capabilities != nil {
+		hello.Capabilities = c.cfg.Capabilities()
+	}
+	if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Hello{Hello: hello}}); err != nil {
+		return 0, fmt.Errorf("send Hello: %w", err)
+	}
+	return len(hello.ResourceVersions), nil
+}
+
+// sendStatuses sends the current status now, then on every SetStatus,
+// until ctx (the stream) ends.
+func (c *Client) sendStatuses(ctx context.Context, send func(*vsplanev1.ConnectRequest) error) {
+	sendStatus := func() {
+		c.statusMu.Lock()
+		s := c.lastStatus
+		c.statusMu.Unlock()
+		if s == nil {
+			return
+		}
+		if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: s}}); err != nil {
+			c.log.Debug("send status failed", zap.Error(err))
+		}
+	}
+	sendStatus()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.statusCh:
+			sendStatus()
+		}
+	}
+}
+
+// apply hands delta to the Applier and returns the Ack to send: its nonce,
+// an apply duration, and a status consistent with its errors.
+func (c *Client) apply(ctx context.Context, delta *vsplanev1.Delta) *vsplanev1.Ack {
+	start := time.Now()
+	ack := c.cfg.Applier.Apply(ctx, delta)
+	if ack == nil {
+		ack = &vsplanev1.Ack{Status: vsplanev1.AckStatus_ACK_STATUS_NACK,
+			Errors: []*vsplanev1.ResourceError{{Message: "applier returned no Ack"}}}
+	}
+	ack.Nonce = delta.GetNonce()
+	if ack.ApplyDuration == nil {
+		ack.ApplyDuration = durationpb.New(time.Since(start))
+	}
+	if ack.Status == vsplanev1.AckStatus_ACK_STATUS_UNSPECIFIED {
+		ack.Status = vsplanev1.AckStatus_ACK_STATUS_ACK
+		if len(ack.Errors) > 0 {
+			ack.Status = vsplanev1.AckStatus_ACK_STATUS_NACK
+		}
+	}
+	c.log.Debug("applied delta", zap.String("nonce", delta.GetNonce()),
+		zap.Int("resources", len(delta.GetResources())), zap.Int("removed", len(delta.GetRemoved())),
+		zap.Stringer("status", ack.Status))
+	return ack
 }
