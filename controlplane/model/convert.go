@@ -58,7 +58,34 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 	default:
 		out.Type = ServiceTypeClusterIP
 	}
+	convertClusterIPs(s, out, drop)
+	if len(out.ClusterIPs) == 0 {
+		return nil, skipAll(problems, key, ReasonBadIP, "no usable cluster IP")
+	}
+	convertPorts(s, out, drop)
+	if len(s.Spec.Ports) > 0 && len(out.Ports) == 0 {
+		return nil, skipAll(problems, key, ReasonNoPorts, "no usable port")
+	}
+	convertAffinity(s, out, drop)
+	convertExternalIPs(s, out, drop)
+	convertLoadBalancer(s, out, drop)
+	convertPolicies(s, out, drop)
+	if s.Spec.TrafficDistribution != nil {
+		out.TrafficDistribution = *s.Spec.TrafficDistribution
+	}
+	if len(s.Labels) > 0 {
+		out.Labels = maps.Clone(s.Labels)
+	}
+	out.Scheduler, out.SchedulerFlags = schedulerAnnotation(s.Annotations, drop)
+	return out, problems
+}
 
+// dropFunc records a problem with a part of the object (the rest is kept).
+type dropFunc func(r Reason, format string, args ...any)
+
+// convertClusterIPs keeps at most one valid cluster IP per family, in order,
+// consistent with ipFamilies and ipFamilyPolicy.
+func convertClusterIPs(s *corev1.Service, out *Service, drop dropFunc) {
 	ips := s.Spec.ClusterIPs
 	if len(ips) == 0 {
 		ips = []string{s.Spec.ClusterIP}
@@ -88,10 +115,11 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 		}
 		out.ClusterIPs = append(out.ClusterIPs, ip)
 	}
-	if len(out.ClusterIPs) == 0 {
-		return nil, skipAll(problems, key, ReasonBadIP, "no usable cluster IP")
-	}
+}
 
+// convertPorts keeps the valid ports; duplicates and NodePorts that cannot
+// apply are dropped with a problem.
+func convertPorts(s *corev1.Service, out *Service, drop dropFunc) {
 	for i, p := range s.Spec.Ports {
 		proto, ok := protocolOf(p.Protocol)
 		if !ok {
@@ -126,10 +154,10 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 		}
 		out.Ports = append(out.Ports, sp)
 	}
-	if len(s.Spec.Ports) > 0 && len(out.Ports) == 0 {
-		return nil, skipAll(problems, key, ReasonNoPorts, "no usable port")
-	}
+}
 
+// convertAffinity reads ClientIP session affinity and its timeout.
+func convertAffinity(s *corev1.Service, out *Service, drop dropFunc) {
 	if s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		out.Sticky = true
 		out.StickyTimeoutSeconds = DefaultStickyTimeoutSeconds
@@ -143,6 +171,10 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 		}
 	}
 
+}
+
+// convertExternalIPs keeps the valid external IPs of the Service's families.
+func convertExternalIPs(s *corev1.Service, out *Service, drop dropFunc) {
 	for i, raw := range s.Spec.ExternalIPs {
 		ip, err := parseIP(strings.TrimSpace(raw))
 		if err == nil {
@@ -162,6 +194,11 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 		}
 		out.ExternalIPs = append(out.ExternalIPs, ip)
 	}
+}
+
+// convertLoadBalancer keeps the VIP-mode ingress IPs of the Service's
+// families and its loadBalancerSourceRanges.
+func convertLoadBalancer(s *corev1.Service, out *Service, drop dropFunc) {
 	for i, ing := range s.Status.LoadBalancer.Ingress {
 		if ing.IP == "" {
 			continue // hostname-only ingress: nothing to program
@@ -202,6 +239,10 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 			out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked())
 		}
 	}
+}
+
+// convertPolicies reads the traffic policies and the health-check node port.
+func convertPolicies(s *corev1.Service, out *Service, drop dropFunc) {
 	// Like kube-proxy (ExternalPolicyLocal), the external policy only
 	// matters for a Service reachable from outside.
 	externallyAccessible := out.Type != ServiceTypeClusterIP || len(out.ExternalIPs) > 0
@@ -223,14 +264,6 @@ func ConvertService(s *corev1.Service) (*Service, []Problem) {
 			out.HealthCheckNodePort = uint16(h)
 		}
 	}
-	if s.Spec.TrafficDistribution != nil {
-		out.TrafficDistribution = *s.Spec.TrafficDistribution
-	}
-	if len(s.Labels) > 0 {
-		out.Labels = maps.Clone(s.Labels)
-	}
-	out.Scheduler, out.SchedulerFlags = schedulerAnnotation(s.Annotations, drop)
-	return out, problems
 }
 
 // schedulerAnnotation reads a Service's own scheduler; a bad value is a
