@@ -30,6 +30,7 @@ import (
 // sentDelta is what the control plane sent to one node.
 type sentDelta struct {
 	node      string
+	nonce     string            // unique within one stream only
 	resources map[string]string // name -> version
 	removed   []string
 }
@@ -44,7 +45,7 @@ type deltaLog struct {
 func (l *deltaLog) hooks() stream.Hooks {
 	return stream.Hooks{
 		OnDeltaSent: func(node string, d *vsplanev1.Delta) {
-			sd := sentDelta{node: node, resources: map[string]string{}, removed: slices.Clone(d.GetRemoved())}
+			sd := sentDelta{node: node, nonce: d.GetNonce(), resources: map[string]string{}, removed: slices.Clone(d.GetRemoved())}
 			for _, r := range d.GetResources() {
 				sd.resources[r.GetName()] = r.GetVersion()
 			}
@@ -71,6 +72,20 @@ func (l *deltaLog) since(mark int) []sentDelta {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.deltas[mark:])
+}
+
+// ackMark returns a position in the Ack log; acksSince(mark) returns the
+// Acks received after it.
+func (l *deltaLog) ackMark() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acks)
+}
+
+func (l *deltaLog) acksSince(mark int) []stream.AckEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.acks[mark:])
 }
 
 func (l *deltaLog) acksFor(node string) []stream.AckEvent {
