@@ -345,3 +345,37 @@ func awaitReady(t *testing.T, r *app.Replica, timeout time.Duration) {
 		t.Fatalf("replica not ready within %v (informers not synced: missing permissions or CRD?)", timeout)
 	}
 }
+
+// ackedExactly returns "" when node's agent, connected to r, has
+// acknowledged exactly the versions r's store holds for node now: every
+// desired resource at its desired version and nothing the store no longer
+// has; otherwise what differs.
+func ackedExactly(r *app.Replica, node string) string {
+	desired, _, ok := r.Store.List(node)
+	if !ok {
+		return node + " has no published state"
+	}
+	info, ok := r.Streams.Registry().Agent(node)
+	if !ok {
+		return node + ": agent not connected"
+	}
+	acked := info.GetAcknowledgedVersions()
+	var diffs []string
+	names := map[string]bool{}
+	for _, res := range desired {
+		names[res.GetName()] = true
+		if v, ok := acked[res.GetName()]; !ok || v != res.GetVersion() {
+			diffs = append(diffs, fmt.Sprintf("%s: desired %s, acknowledged %q", res.GetName(), res.GetVersion(), v))
+		}
+	}
+	for name, v := range acked {
+		if !names[name] {
+			diffs = append(diffs, fmt.Sprintf("%s: removed, still acknowledged at %s", name, v))
+		}
+	}
+	if len(diffs) > 0 {
+		sort.Strings(diffs)
+		return node + ": " + strings.Join(diffs, "; ")
+	}
+	return ""
+}
