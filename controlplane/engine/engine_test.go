@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"testing"
 	"time"
@@ -114,7 +115,7 @@ func TestSharedVariantsAndLocalFlags(t *testing.T) {
 		t.Error("local flags wrong")
 	}
 	// 3 translations: common, n1, n2 — not one per node.
-	if got := counter(e.translations); got != 3 {
+	if got := gathered(t, reg, metricTranslations, nil); got != 3 {
 		t.Errorf("translations = %v, want 3", got)
 	}
 	// A new node's resources carry the node's trigger time.
@@ -146,14 +147,14 @@ func TestSharedVariantsAndLocalFlags(t *testing.T) {
 	}
 
 	// A node joining gets node/settings and the shared common value without a new translation.
-	before := counter(e.translations)
+	before := gathered(t, reg, metricTranslations, nil)
 	c = changes()
 	addNode(c, "n5")
 	apply(t, e, c)
 	if get(t, st, "n5", name) != get(t, st, "n3", name) {
 		t.Error("new node does not share the common value")
 	}
-	if got := counter(e.translations); got != before {
+	if got := gathered(t, reg, metricTranslations, nil); got != before {
 		t.Errorf("joining node cost %v translations", got-before)
 	}
 	get(t, st, "n5", snapshot.NodeSettingsName)
@@ -168,7 +169,10 @@ func TestSharedVariantsAndLocalFlags(t *testing.T) {
 	if got := e.Counts(); got != (Counts{Services: 1, Nodes: 4}) {
 		t.Errorf("counts %+v", got)
 	}
-	_ = reg
+	// One apply-duration observation per Apply.
+	if got := gathered(t, reg, metricApply, nil); got != 4 {
+		t.Errorf("%s count = %v, want 4 (one per Apply)", metricApply, got)
+	}
 }
 
 func TestServiceDeleteAndSliceMove(t *testing.T) {
@@ -205,7 +209,7 @@ func TestServiceDeleteAndSliceMove(t *testing.T) {
 }
 
 func TestInvalidObjects(t *testing.T) {
-	e, st, _ := newEngine(t)
+	e, st, reg := newEngine(t)
 	c := changes()
 	addNode(c, "n1")
 	setService(c, "good", "198.18.0.1", time.Time{})
@@ -233,11 +237,11 @@ func TestInvalidObjects(t *testing.T) {
 	if got := len(e.AllProblems()); got != 2 {
 		t.Errorf("AllProblems has %d services, want 2", got)
 	}
-	if got := counter(e.invalid.WithLabelValues("Service", "bad_ip")); got != 1 {
-		t.Errorf("invalid counter %v", got)
+	if got := gathered(t, reg, metricInvalid, map[string]string{"kind": "Service", "reason": "bad_ip"}); got != 1 {
+		t.Errorf("invalid Services (bad_ip) = %v, want 1", got)
 	}
-	if got := counter(e.invalid.WithLabelValues("EndpointSlice", "family_mismatch")); got != 1 {
-		t.Errorf("invalid counter %v", got)
+	if got := gathered(t, reg, metricInvalid, map[string]string{"kind": "EndpointSlice", "reason": "family_mismatch"}); got != 1 {
+		t.Errorf("invalid EndpointSlices (family_mismatch) = %v, want 1", got)
 	}
 	// Fixing the service clears its problems and programs it.
 	c = changes()
@@ -262,6 +266,49 @@ func TestPeriodicResyncIsQuiet(t *testing.T) {
 		t.Errorf("periodic resync changed %v", got)
 	}
 }
+
+// gathered reads a counter's value or a histogram's sample count from reg,
+// the way a scrape sees it: by the exposed name and exactly these labels. A
+// missing series fails the test (an unregistered metric reads as missing,
+// never as zero).
+func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			if !maps.Equal(got, labels) {
+				continue
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				return m.GetCounter().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				return float64(m.GetHistogram().GetSampleCount())
+			default:
+				t.Fatalf("%s: unexpected type %v", name, mf.GetType())
+			}
+		}
+		t.Fatalf("%s has no series %v", name, labels)
+	}
+	t.Fatalf("%s is not registered", name)
+	return 0
+}
+
+const (
+	metricTranslations = "vsplane_controlplane_translations_total"
+	metricInvalid      = "vsplane_controlplane_invalid_objects_total"
+	metricApply        = "vsplane_controlplane_apply_seconds"
+)
 
 func counter(c prometheus.Metric) float64 {
 	var m dto.Metric
@@ -295,7 +342,7 @@ func TestNodeUpdate(t *testing.T) {
 // Nodes sharing a non-"" variant key (here: a hinted zone) share one
 // translation and one value too.
 func TestZoneVariantsTranslatedOncePerZone(t *testing.T) {
-	e, st, _ := newEngine(t)
+	e, st, reg := newEngine(t)
 	c := changes()
 	zones := map[string]string{"e1": "z1", "e2": "z2", "z1a": "z1", "z1b": "z1", "z2a": "z2", "z2b": "z2"}
 	for n, z := range zones {
@@ -321,7 +368,7 @@ func TestZoneVariantsTranslatedOncePerZone(t *testing.T) {
 		t.Errorf("zone z1 real servers %v, want only its own endpoint", rs)
 	}
 	// e1, e2 (they host endpoints), zone/z1, zone/z2.
-	if got := counter(e.translations); got != 4 {
+	if got := gathered(t, reg, metricTranslations, nil); got != 4 {
 		t.Errorf("translations = %v, want 4 (one per distinct key)", got)
 	}
 }
@@ -330,7 +377,8 @@ func TestZoneVariantsTranslatedOncePerZone(t *testing.T) {
 // repairs what is wrong in the store on the way.
 func TestPeriodicResyncInChunks(t *testing.T) {
 	st := snapshot.NewStore()
-	e, err := New(Config{ResyncSlotsPerApply: 2}, st, zaptest.NewLogger(t))
+	reg := prometheus.NewRegistry()
+	e, err := New(Config{ResyncSlotsPerApply: 2, Metrics: reg}, st, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,11 +396,12 @@ func TestPeriodicResyncInChunks(t *testing.T) {
 	b.Delete("n1", "service/ns/e")
 	st.Commit(&b)
 
-	before := counter(e.translations)
+	translations := func() float64 { return gathered(t, reg, metricTranslations, nil) }
+	before := translations()
 	c = changes()
 	c.Periodic = true
 	apply(t, e, c)
-	if got := counter(e.translations) - before; got != 2 {
+	if got := translations() - before; got != 2 {
 		t.Errorf("first resync chunk translated %v Services, want 2 (2 slots / 1 node)", got)
 	}
 	applies := 1
@@ -363,8 +412,8 @@ func TestPeriodicResyncInChunks(t *testing.T) {
 		apply(t, e, changes())
 		applies++
 	}
-	if applies != 3 || counter(e.translations)-before != 5 {
-		t.Errorf("resync took %d applies and %v translations, want 3 and 5", applies, counter(e.translations)-before)
+	if applies != 3 || translations()-before != 5 {
+		t.Errorf("resync took %d applies and %v translations, want 3 and 5", applies, translations()-before)
 	}
 	if _, ok := st.Get("n1", "service/ns/e"); !ok {
 		t.Error("resync did not restore the damaged resource")

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/engine"
+	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -138,6 +141,23 @@ func slicesOfKeys[V any](m map[string]V) []string {
 	return out
 }
 
+// failFirstAdd is a kernel.IPVS whose first AddVirtualServer of key fails,
+// like a netlink ENOMEM; everything else goes to the wrapped IPVS. Other
+// virtual servers (the apiserver's default/kubernetes, created in the
+// background) cannot use the fault up.
+type failFirstAdd struct {
+	kernel.IPVS
+	key   kernel.VirtualServerKey
+	fired atomic.Bool
+}
+
+func (f *failFirstAdd) AddVirtualServer(vs kernel.VirtualServer) error {
+	if vs.Key.Normalize() == f.key && f.fired.CompareAndSwap(false, true) {
+		return errors.New("netlink: simulated ENOMEM")
+	}
+	return f.IPVS.AddVirtualServer(vs)
+}
+
 // TestTransientKernelErrorHeals: a kernel error NACKs a Service; the
 // agent's own retry applies it a moment later, and the control plane learns
 // that from the agent's status (nothing is resent, nothing stays pending).
@@ -146,7 +166,14 @@ func TestTransientKernelErrorHeals(t *testing.T) {
 	log := &deltaLog{}
 	r, addr := startControlPlane(t, ctx, kube, log)
 	mem := memory.New()
-	a := startAgent(t, ctx, addr, "node-a", mem, t.TempDir())
+	// web's ClusterIP is fixed (inside the Service CIDR) so the fault can
+	// name its virtual server before the Service exists.
+	const webIP = "198.18.200.80"
+	fault := &failFirstAdd{key: kernel.AddrKey(netip.MustParseAddr(webIP), kernel.ProtocolTCP, 80)}
+	k := mem.Kernel()
+	fault.IPVS = k.IPVS
+	k.IPVS = fault
+	a := startAgentCfg(t, ctx, agent.Config{ControlPlane: addr, NodeName: "node-a", Kernel: &k, StateDir: t.TempDir()})
 	t.Cleanup(func() { a.stop(t) })
 	pending := func() string {
 		info, ok := r.Streams.Registry().Agent("node-a")
@@ -160,29 +187,54 @@ func TestTransientKernelErrorHeals(t *testing.T) {
 	}
 	eventually(t, converge, pending)
 
-	// The next virtual server add fails once, like a netlink ENOMEM.
-	var failOnce sync.Once
-	mem.SetFault(func(op string) error {
-		var err error
-		if op == "ipvs.AddVirtualServer" {
-			failOnce.Do(func() { err = errors.New("netlink: simulated ENOMEM") })
-		}
-		return err
-	})
-	ip := mustCreateService(t, ctx, kube, clusterIPService("default", "web", 80))
+	svc := clusterIPService("default", "web", 80)
+	svc.Spec.ClusterIP = webIP
+	if ip := mustCreateService(t, ctx, kube, svc); ip != webIP {
+		t.Fatalf("web got ClusterIP %s, want %s", ip, webIP)
+	}
+	webName := snapshot.ServiceName("default", "web")
+	var nacked string // the version of web the agent NACKed
 	eventually(t, converge, func() string {
 		for _, ev := range log.acksFor("node-a") {
-			if ev.Status == vsplanev1.AckStatus_ACK_STATUS_NACK {
-				return ""
+			for _, e := range ev.Errors {
+				if ev.Status == vsplanev1.AckStatus_ACK_STATUS_NACK && e.GetName() == webName {
+					nacked = e.GetVersion()
+					return ""
+				}
 			}
 		}
-		return "no NACK yet"
+		return "no NACK of " + webName + " yet"
 	})
-	k := mem.Kernel()
+	if !fault.fired.Load() {
+		t.Fatal("web was NACKed but not by the injected fault")
+	}
 	eventually(t, converge, func() string {
-		if _, ok := ipvsState(t, k.IPVS)[vsKey(ip, 80)]; !ok {
-			return "retry has not programmed " + vsKey(ip, 80)
+		if _, ok := ipvsState(t, k.IPVS)[vsKey(webIP, 80)]; !ok {
+			return "retry has not programmed " + vsKey(webIP, 80)
 		}
-		return pending()
+		if msg := pending(); msg != "" {
+			return msg
+		}
+		// Healed from the agent's status: web is acknowledged at the version
+		// it NACKed.
+		info, _ := r.Streams.Registry().Agent("node-a")
+		if v := info.GetAcknowledgedVersions()[webName]; v != nacked {
+			return fmt.Sprintf("%s acknowledged at %q, want the NACKed version %s", webName, v, nacked)
+		}
+		return ""
 	})
+	if n := countSent(log, "node-a", webName); n != 1 {
+		t.Errorf("%s was sent %d times, want once (the retry is the agent's, nothing is resent)", webName, n)
+	}
+}
+
+// countSent is how many Deltas to node carried name.
+func countSent(log *deltaLog, node, name string) int {
+	n := 0
+	for _, d := range log.since(0) {
+		if d.node == node && d.resources[name] != "" {
+			n++
+		}
+	}
+	return n
 }

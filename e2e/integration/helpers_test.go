@@ -30,6 +30,7 @@ import (
 // sentDelta is what the control plane sent to one node.
 type sentDelta struct {
 	node      string
+	nonce     string            // unique within one stream only
 	resources map[string]string // name -> version
 	removed   []string
 }
@@ -44,7 +45,7 @@ type deltaLog struct {
 func (l *deltaLog) hooks() stream.Hooks {
 	return stream.Hooks{
 		OnDeltaSent: func(node string, d *vsplanev1.Delta) {
-			sd := sentDelta{node: node, resources: map[string]string{}, removed: slices.Clone(d.GetRemoved())}
+			sd := sentDelta{node: node, nonce: d.GetNonce(), resources: map[string]string{}, removed: slices.Clone(d.GetRemoved())}
 			for _, r := range d.GetResources() {
 				sd.resources[r.GetName()] = r.GetVersion()
 			}
@@ -71,6 +72,20 @@ func (l *deltaLog) since(mark int) []sentDelta {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.deltas[mark:])
+}
+
+// ackMark returns a position in the Ack log; acksSince(mark) returns the
+// Acks received after it.
+func (l *deltaLog) ackMark() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acks)
+}
+
+func (l *deltaLog) acksSince(mark int) []stream.AckEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.acks[mark:])
 }
 
 func (l *deltaLog) acksFor(node string) []stream.AckEvent {
@@ -329,4 +344,38 @@ func awaitReady(t *testing.T, r *app.Replica, timeout time.Duration) {
 	case <-time.After(timeout):
 		t.Fatalf("replica not ready within %v (informers not synced: missing permissions or CRD?)", timeout)
 	}
+}
+
+// ackedExactly returns "" when node's agent, connected to r, has
+// acknowledged exactly the versions r's store holds for node now: every
+// desired resource at its desired version and nothing the store no longer
+// has; otherwise what differs.
+func ackedExactly(r *app.Replica, node string) string {
+	desired, _, ok := r.Store.List(node)
+	if !ok {
+		return node + " has no published state"
+	}
+	info, ok := r.Streams.Registry().Agent(node)
+	if !ok {
+		return node + ": agent not connected"
+	}
+	acked := info.GetAcknowledgedVersions()
+	var diffs []string
+	names := map[string]bool{}
+	for _, res := range desired {
+		names[res.GetName()] = true
+		if v, ok := acked[res.GetName()]; !ok || v != res.GetVersion() {
+			diffs = append(diffs, fmt.Sprintf("%s: desired %s, acknowledged %q", res.GetName(), res.GetVersion(), v))
+		}
+	}
+	for name, v := range acked {
+		if !names[name] {
+			diffs = append(diffs, fmt.Sprintf("%s: removed, still acknowledged at %s", name, v))
+		}
+	}
+	if len(diffs) > 0 {
+		sort.Strings(diffs)
+		return node + ": " + strings.Join(diffs, "; ")
+	}
+	return ""
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 const converge = 20 * time.Second
@@ -141,31 +142,35 @@ func TestControlPlaneAgainstRealAPIServer(t *testing.T) {
 		before := ipvsState(t, kernels["node-b"].Kernel().IPVS)
 		a.stop(t)
 		kernels["node-b"].ResetCalls()
-		mark := log.mark()
+		// Only what the control plane logs from here on can be the restarted
+		// agent's: its Deltas, and the Acks of Deltas sent after restartAt
+		// (the old agent, stopped, acknowledges nothing sent after that).
+		mark, ackMark, restartAt := log.mark(), log.ackMark(), time.Now()
 		agents["node-b"] = startAgent(t, ctx, cpAddr, "node-b", kernels["node-b"], filepath.Join(stateDir, "node-b"))
+		var first sentDelta
 		eventually(t, converge, func() string {
 			for _, d := range log.since(mark) {
 				if d.node == "node-b" {
+					first = d
 					return ""
 				}
 			}
 			return "no delta sent to the restarted agent"
 		})
-		var first *sentDelta
-		for _, d := range log.since(mark) {
-			if d.node == "node-b" {
-				first = &d
-				break
-			}
-		}
 		if len(first.resources) != 0 || len(first.removed) != 0 {
 			t.Fatalf("restarted agent received %d resources and %d removals, want none", len(first.resources), len(first.removed))
 		}
+		// The restarted agent has applied that first Delta when its Ack is in.
 		eventually(t, converge, func() string {
-			if acks := log.acksFor("node-b"); len(acks) == 0 || acks[len(acks)-1].SentAt.Before(time.Now().Add(-time.Minute)) {
-				return "restarted agent has not acknowledged"
+			for _, ack := range log.acksSince(ackMark) {
+				if ack.Node == "node-b" && ack.Nonce == first.nonce && !ack.SentAt.Before(restartAt) {
+					if ack.Status != vsplanev1.AckStatus_ACK_STATUS_ACK {
+						t.Fatalf("restarted agent answered its first Delta with %v %v", ack.Status, ack.Errors)
+					}
+					return ""
+				}
 			}
-			return ""
+			return fmt.Sprintf("restarted agent has not acknowledged its first Delta (nonce %s)", first.nonce)
 		})
 		if got := ipvsState(t, kernels["node-b"].Kernel().IPVS); diffState(got, before) != "" {
 			t.Fatalf("IPVS changed across the restart: %s", diffState(got, before))

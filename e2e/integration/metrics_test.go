@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,13 +30,15 @@ import (
 
 // TestMetricsAgainstRealAPIServer checks the control plane's and agents' metrics end to end: a
 // Service change produces one programming-latency observation per agent on
-// the control plane's /metrics, and each agent's own /metrics and /healthz
-// (separate registries, all in one process) report its syncs.
+// the control plane's /metrics, an agent that acknowledged every desired
+// version shows no pending resources and no lag, and each agent's own
+// /metrics and /healthz (separate registries, all in one process) report its
+// syncs.
 func TestMetricsAgainstRealAPIServer(t *testing.T) {
 	nodes := []string{"node-a", "node-b", "node-c"}
 	kube, ctx := startKube(t, nodes...)
 	log := &deltaLog{}
-	cpAddr, cpMetrics := startControlPlaneWithMetrics(t, ctx, kube, log)
+	r, cpAddr, cpMetrics := startControlPlaneWithMetrics(t, ctx, kube, log)
 	agentMetrics := map[string]string{}
 	stops := map[string]func(){}
 	for _, n := range nodes {
@@ -52,20 +55,24 @@ func TestMetricsAgainstRealAPIServer(t *testing.T) {
 		}
 		return ""
 	})
-	// Each agent has its initial state before the change below, so the
-	// change is a delta of its own (connected is not enough: the first
-	// delta waits for the initial sync, which could include the change).
+	// Each agent has acknowledged exactly its initial state before the
+	// change below, so the change is a Delta of its own (connected is not
+	// enough: the first Delta waits for the initial sync, which could include
+	// the change). The initial state includes default/kubernetes, which the
+	// apiserver creates in the background: it must not arrive mid-test.
+	kubeName := snapshot.ServiceName("default", "kubernetes")
 	for _, n := range nodes {
 		eventually(t, converge, func() string {
-			if len(log.acksFor(n)) == 0 {
-				return n + " has not acknowledged its initial state"
+			if _, ok := r.Store.Get(n, kubeName); !ok {
+				return n + ": no " + kubeName + " yet"
 			}
-			return ""
+			return ackedExactly(r, n)
 		})
 	}
 
 	// The change: a Service and its EndpointSlice, the slice carrying the
-	// EndpointSlice controller's trigger-time annotation.
+	// EndpointSlice controller's trigger-time annotation. The two may reach
+	// the agents as one Delta or as two (web without endpoints first).
 	const ns = "default"
 	trigger := time.Now()
 	mustCreateService(t, ctx, kube, clusterIPService(ns, "web", 80))
@@ -73,16 +80,43 @@ func TestMetricsAgainstRealAPIServer(t *testing.T) {
 	es.Annotations = map[string]string{model.AnnotationTriggerTime: trigger.UTC().Format(time.RFC3339Nano)}
 	mustCreateSlice(t, ctx, kube, es)
 	webName := snapshot.ServiceName(ns, "web")
+	// Exact versions: web's desired version includes the slice's endpoint,
+	// and every agent acknowledged exactly the versions the store holds.
 	for _, n := range nodes {
 		eventually(t, converge, func() string {
-			for _, a := range log.acksFor(n) {
-				if a.Status == vsplanev1.AckStatus_ACK_STATUS_ACK && !a.TriggerTimes[webName].IsZero() {
-					return ""
-				}
+			res, ok := r.Store.Get(n, webName)
+			if !ok || !hasRealServer(res, "198.19.1.10") {
+				return n + ": " + webName + " with the slice's endpoint is not desired yet"
 			}
-			return fmt.Sprintf("%s has not ACKed %s with a trigger time", n, webName)
+			return ackedExactly(r, n)
 		})
 	}
+	// The version built from the slice was ACKed with the slice's trigger
+	// time: its programming latency is measured from the annotation.
+	for _, n := range nodes {
+		if !slices.ContainsFunc(log.acksFor(n), func(a stream.AckEvent) bool {
+			return a.Status == vsplanev1.AckStatus_ACK_STATUS_ACK && a.TriggerTimes[webName].Equal(trigger)
+		}) {
+			t.Errorf("%s: no ACK of %s with the slice's trigger time %v", n, webName, trigger)
+		}
+	}
+	// Up-to-date agents: no pending resources, no lag. The gauges are
+	// computed at scrape time against the store, which can move on after
+	// the wait above (an apiserver write of default/kubernetes reaches every
+	// node), so poll until they read 0; they never do if an up-to-date agent
+	// is reported as pending or lagging.
+	eventually(t, converge, func() string {
+		m := scrape(t, cpMetrics)
+		for _, n := range nodes {
+			for _, g := range []string{"vsplane_controlplane_agent_pending_resources", "vsplane_controlplane_agent_lag_seconds"} {
+				key := fmt.Sprintf("%s{node=%q}", g, n)
+				if v, ok := m[key]; !ok || v != 0 {
+					return fmt.Sprintf("%s = %v (present %v), want 0 for an up-to-date agent", key, v, ok)
+				}
+			}
+		}
+		return ""
+	})
 	// Every ACKed resource with a trigger time is one observation; the
 	// metrics hook runs before the log's, so the scrape has at least these.
 	want := 0
@@ -128,12 +162,6 @@ func TestMetricsAgainstRealAPIServer(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		for _, g := range []string{"vsplane_controlplane_agent_pending_resources", "vsplane_controlplane_agent_lag_seconds"} {
-			key := fmt.Sprintf("%s{node=%q}", g, n)
-			if v, ok := cp[key]; !ok || v != 0 {
-				t.Errorf("%s = %v (present %v), want 0 for an up-to-date agent", key, v, ok)
-			}
-		}
 		if v := cp[fmt.Sprintf("vsplane_controlplane_nacks_total{node=%q}", n)]; v != 0 {
 			t.Errorf("NACKs from %s: %v", n, v)
 		}
@@ -180,18 +208,30 @@ func TestMetricsAgainstRealAPIServer(t *testing.T) {
 }
 
 // startControlPlaneWithMetrics is startControlPlane plus a metrics listener;
-// it returns the gRPC and metrics addresses.
-func startControlPlaneWithMetrics(t *testing.T, ctx context.Context, kube kubernetes.Interface, log *deltaLog) (string, string) {
+// it returns the replica and its gRPC and metrics addresses.
+func startControlPlaneWithMetrics(t *testing.T, ctx context.Context, kube kubernetes.Interface, log *deltaLog) (*app.Replica, string, string) {
 	t.Helper()
 	grpcLn := listen(t)
 	metricsLn := listen(t)
-	runReplica(t, ctx, app.Config{
+	r, _ := runReplica(t, ctx, app.Config{
 		Kube:            kube,
 		GRPCListener:    grpcLn,
 		MetricsListener: metricsLn,
 		Stream:          stream.Options{Hooks: log.hooks()},
 	})
-	return grpcLn.Addr().String(), metricsLn.Addr().String()
+	return r, grpcLn.Addr().String(), metricsLn.Addr().String()
+}
+
+// hasRealServer reports whether a Service resource has a real server at ip.
+func hasRealServer(res *vsplanev1.Resource, ip string) bool {
+	for _, vs := range res.GetService().GetVirtualServers() {
+		for _, rs := range vs.GetRealServers() {
+			if rs.GetAddress() == ip {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // startAgentWithMetrics runs an in-memory agent with its own registry and

@@ -339,18 +339,33 @@ func (e *semEnv) etpLocal(t *testing.T, s *services) {
 	if rs := e.awaitVS(t, "node2", "tcp", lbLocalIP, 80); len(rs) != 0 {
 		t.Errorf("node2 LB virtual server has real servers %v, want none (ETP Local, no local endpoint)", rs)
 	}
+	// Refused, not timed out, and fast: every request must fail with
+	// "connection refused" (a dropped SYN fails with a timeout instead), and
+	// the whole burst must end within half of ONE request's timeout. The
+	// time includes starting e2ehelper in the guest, a few hundred ms on TCG
+	// and more on a loaded host, so the bound is generous; yet a single
+	// request that waited for its timeout exceeds it.
+	const requests, perRequest = 5, 10 * time.Second
+	refusalBound := perRequest / 2
 	for _, target := range []struct {
 		from *vm.Netns
 		addr string
 	}{{e.client, hostPort(e.node2.IP, np)}, {e.client2, hostPort(lbLocalIP, 80)}} {
 		began := time.Now()
-		out := e.mustFail(t, target.from, "tcp", target.addr, 5, "2s")
+		out := e.mustFail(t, target.from, "tcp", target.addr, requests, perRequest.String())
 		took := time.Since(began)
 		fails := failLines(out)
+		if len(fails) != requests {
+			t.Errorf("%s -> %s: %d failed requests, want all %d refused:\n%s", target.from.Name, target.addr, len(fails), requests, tail(out, 8))
+		}
 		for _, f := range fails {
 			if !strings.Contains(f, "connection refused") {
 				t.Errorf("%s -> %s: want a fast connection refused, got %q", target.from.Name, target.addr, f)
 			}
+		}
+		if took > refusalBound {
+			t.Errorf("%s -> %s: %d refusals took %v, want under %v (one request's timeout is %v): not a fast refusal",
+				target.from.Name, target.addr, len(fails), took.Round(time.Millisecond), refusalBound, perRequest)
 		}
 		t.Logf("%s -> %s: %d refusals in %v: %q", target.from.Name, target.addr, len(fails), took.Round(time.Millisecond), fails)
 	}

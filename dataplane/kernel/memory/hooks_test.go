@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
@@ -24,8 +25,8 @@ func TestFaultAndCalls(t *testing.T) {
 	if err := k.IPVS.AddVirtualServer(vs); !errors.Is(err, boom) {
 		t.Fatalf("fault not returned: %v", err)
 	}
-	if list, _ := k.IPVS.ListVirtualServers(); len(list) != 0 {
-		t.Fatalf("faulted add changed state: %+v", list)
+	if list, err := k.IPVS.ListVirtualServers(); err != nil || len(list) != 0 {
+		t.Fatalf("faulted add changed state: %+v (%v)", list, err)
 	}
 	m.SetFault(nil)
 	if err := k.IPVS.AddVirtualServer(vs); err != nil {
@@ -62,7 +63,10 @@ func TestSetConnections(t *testing.T) {
 	if err := k.IPVS.UpdateDestination(key, d); err != nil {
 		t.Fatal(err)
 	}
-	ds, _ := k.IPVS.ListDestinations(key)
+	ds, err := k.IPVS.ListDestinations(key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(ds) != 1 || ds[0].ActiveConn != 3 || ds[0].InactiveConn != 4 || ds[0].Weight != 0 {
 		t.Errorf("destinations: %+v (want counters kept across a weight update)", ds)
 	}
@@ -75,20 +79,35 @@ func TestLocalAddressesAndSysctlHooks(t *testing.T) {
 	m := memory.New()
 	k := m.Kernel()
 	m.AddInterface("eth0", "veth", netip.MustParsePrefix("198.19.0.11/24"))
-	local, _ := k.Links.LocalAddresses()
+	local, err := k.Links.LocalAddresses()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(local) != 1 || local[0].Interface != "eth0" || local[0].Prefix != netip.MustParsePrefix("198.19.0.11/24") {
 		t.Errorf("local: %+v", local)
 	}
 	m.SetKernelRelease("5.4.0-42-generic")
-	if v, _ := k.Sysctl.KernelVersion(); v.AtLeast(5, 9) {
-		t.Errorf("version %v", v)
+	v, err := k.Sysctl.KernelVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (kernel.KernelVersion{Major: 5, Minor: 4, Patch: 0, Raw: "5.4.0-42-generic"}); v != want {
+		t.Errorf("KernelVersion = %+v, want %+v", v, want)
+	}
+	m.SetKernelRelease("garbage")
+	if _, err := k.Sysctl.KernelVersion(); !errors.Is(err, kernel.ErrInvalid) {
+		t.Errorf("KernelVersion of an unparsable release: %v, want ErrInvalid", err)
 	}
 	m.DeleteSysctl(kernel.SysctlVSConntrack)
 	if _, err := k.Sysctl.Get(kernel.SysctlVSConntrack); !errors.Is(err, kernel.ErrNotFound) {
 		t.Errorf("deleted sysctl: %v", err)
 	}
 	m.SetSchedulers([]string{"rr"})
-	if s, _ := k.IPVS.Schedulers(); len(s) != 1 {
-		t.Errorf("schedulers %v", s)
+	s, err := k.IPVS.Schedulers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s, []string{"rr"}) {
+		t.Errorf("schedulers %v, want [rr]", s)
 	}
 }
