@@ -49,7 +49,15 @@ func TestAgentHoldsMassRemovalAndReportsIt(t *testing.T) {
 	go func() { done <- a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	virtualServers := func() int { vss, _ := k.IPVS.ListVirtualServers(); return len(vss) }
-	waitFor(t, func() bool { return virtualServers() == 10 })
+	// The whole first Delta is applied and acknowledged (not just its
+	// virtual servers: iptables comes after them) before counting writes.
+	waitFor(t, func() bool {
+		info, ok := c1.srv.Registry().Agent("n1")
+		return ok && info.GetLastAck() != nil && info.GetPendingResources() == 0
+	})
+	if n := virtualServers(); n != 10 {
+		t.Fatalf("%d virtual servers after the first Delta, want 10", n)
+	}
 
 	// The replica is replaced by one that (wrongly) knows only 2 Services.
 	c1.srv.Shutdown()
