@@ -6,6 +6,7 @@
 package tlsfiles
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -20,36 +21,37 @@ import (
 var checkInterval = time.Second
 
 // watched is a set of files reloaded together when any of them changes.
+// Changes are detected by content (the files are small; they are read at
+// most once per checkInterval): modification times can repeat within a
+// clock tick and a rotated certificate often has the same size.
 type watched struct {
 	paths []string
 	load  func() error
 
 	mu        sync.Mutex
 	lastCheck time.Time
-	mtimes    []time.Time
-	sizes     []int64
+	sums      [][32]byte // of the contents last loaded; nil before the first load
 }
 
 func (w *watched) refresh() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.lastCheck.IsZero() && time.Since(w.lastCheck) < checkInterval {
+	if w.sums != nil && time.Since(w.lastCheck) < checkInterval {
 		return nil
 	}
 	w.lastCheck = time.Now()
-	changed := w.mtimes == nil
-	mtimes := make([]time.Time, len(w.paths))
-	sizes := make([]int64, len(w.paths))
+	sums := make([][32]byte, len(w.paths))
+	changed := w.sums == nil
 	for i, p := range w.paths {
-		fi, err := os.Stat(p)
+		b, err := os.ReadFile(p)
 		if err != nil {
-			if w.mtimes != nil {
+			if w.sums != nil {
 				return nil // keep serving what was loaded (a Secret update swaps a symlink)
 			}
 			return err
 		}
-		mtimes[i], sizes[i] = fi.ModTime(), fi.Size()
-		if w.mtimes != nil && (!mtimes[i].Equal(w.mtimes[i]) || sizes[i] != w.sizes[i]) {
+		sums[i] = sha256.Sum256(b)
+		if w.sums != nil && sums[i] != w.sums[i] {
 			changed = true
 		}
 	}
@@ -57,12 +59,12 @@ func (w *watched) refresh() error {
 		return nil
 	}
 	if err := w.load(); err != nil {
-		if w.mtimes != nil {
+		if w.sums != nil {
 			return nil // a half-written update: keep the old one, retry on the next check
 		}
 		return err
 	}
-	w.mtimes, w.sizes = mtimes, sizes
+	w.sums = sums
 	return nil
 }
 
