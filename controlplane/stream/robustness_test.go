@@ -141,10 +141,10 @@ func TestNonReadingAgentDelaysNobody(t *testing.T) {
 // Streams for nodes that are not in the cluster wait at most
 // UnknownNodeTimeout, and at most MaxUnknownNodeStreams of them wait.
 func TestUnknownNodeStreamsAreBounded(t *testing.T) {
-	e := newEnvOpts(t, false, stream.Options{UnknownNodeTimeout: 200 * time.Millisecond, MaxUnknownNodeStreams: 1})
+	e := newEnvOpts(t, false, stream.Options{UnknownNodeTimeout: 2 * time.Second, MaxUnknownNodeStreams: 1})
 	a := e.open()
 	a.hello("ghost-1", nil)
-	waitFor(t, func() bool { return e.src.Lookups("ghost-1") > 0 })
+	waitFor(t, func() bool { return e.srv.UnknownNodeStreams() == 1 })
 	b := e.open()
 	b.hello("ghost-2", nil)
 	if err := b.streamErr(); statusCode(t, err) != codes.ResourceExhausted {

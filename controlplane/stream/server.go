@@ -158,6 +158,10 @@ func errShuttingDown() error {
 	return closeErr(ReasonShutdown, codes.Unavailable, "control plane shutting down")
 }
 
+// UnknownNodeStreams is the number of streams waiting for a node that is
+// not in the desired state.
+func (s *Server) UnknownNodeStreams() int { return int(s.unknown.Load()) }
+
 // Registry returns the registry of agents connected to this server.
 func (s *Server) Registry() *Registry { return s.reg }
 

@@ -41,7 +41,7 @@ func TestAgentHoldsMassRemovalAndReportsIt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	a, err := agent.New(ctx, agent.Config{ControlPlane: c1.addr, NodeName: "n1", Kernel: &k,
 		Reconcile: reconcile.Config{Period: time.Hour}, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-		RemovalConfirmation: 2 * time.Second, Logger: zaptest.NewLogger(t)})
+		RemovalConfirmation: 4 * time.Second, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -352,7 +352,7 @@ func TestClientHoldsMassRemovalUntilConfirmed(t *testing.T) {
 			c := startCP(t, src, "127.0.0.1:0")
 			held := make(chan *vsplanev1.HeldRemoval, 10)
 			runClient(t, client.Config{Targets: []string{c.addr}, NodeName: "n1", Applier: app,
-				RemovalConfirmation: 300 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+				RemovalConfirmation: time.Second, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
 				OnRemovalHeld: func(h *vsplanev1.HeldRemoval) { held <- h }})
 			var h *vsplanev1.HeldRemoval
 			select {
