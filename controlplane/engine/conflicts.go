@@ -174,25 +174,9 @@ func (c *conflicts) update(k model.ServiceKey, svc *model.Service, dirty func(mo
 // setClaims stores a port's new claimants; when its owner changes, the old
 // and new owners and the external-IP users of that port are rechecked.
 func (c *conflicts) setClaims(pk portKey, before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) {
-	if len(after) == 0 {
-		delete(c.claims, pk)
-	} else {
-		c.claims[pk] = after
-	}
-	var was, is model.ServiceKey
-	if len(before) > 0 {
-		was = before[0].key
-	}
-	if len(after) > 0 {
-		is = after[0].key
-	}
-	if was == is {
+	storeClaimants(c.claims, pk, after)
+	if !dirtyOnOwnerChange(before, after, self, dirty) {
 		return
-	}
-	for _, k := range []model.ServiceKey{was, is} {
-		if k != (model.ServiceKey{}) && k != self {
-			dirty(k)
-		}
 	}
 	for k := range c.extIPUsers[pk] {
 		if k != self {
@@ -204,11 +188,22 @@ func (c *conflicts) setClaims(pk portKey, before, after []claimant, self model.S
 // setVIPClaims stores a virtual server's claimants; when its owner changes,
 // the old and new owners are rechecked.
 func (c *conflicts) setVIPClaims(v model.VIP, before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) {
+	storeClaimants(c.vips, v, after)
+	dirtyOnOwnerChange(before, after, self, dirty)
+}
+
+// storeClaimants sets or, when none are left, deletes a claim list.
+func storeClaimants[K comparable](m map[K][]claimant, k K, after []claimant) {
 	if len(after) == 0 {
-		delete(c.vips, v)
+		delete(m, k)
 	} else {
-		c.vips[v] = after
+		m[k] = after
 	}
+}
+
+// dirtyOnOwnerChange rechecks the old and new owner (the first claimant),
+// other than self, when the owner changed; it reports whether it did.
+func dirtyOnOwnerChange(before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) bool {
 	var was, is model.ServiceKey
 	if len(before) > 0 {
 		was = before[0].key
@@ -217,13 +212,14 @@ func (c *conflicts) setVIPClaims(v model.VIP, before, after []claimant, self mod
 		is = after[0].key
 	}
 	if was == is {
-		return
+		return false
 	}
 	for _, k := range []model.ServiceKey{was, is} {
 		if k != (model.ServiceKey{}) && k != self {
 			dirty(k)
 		}
 	}
+	return true
 }
 
 // setNodeAddresses replaces the node address index; it reports whether it

@@ -87,10 +87,7 @@ func (e *Engine) applyRollouts(w *work, ch *watch.Changes) {
 func (e *Engine) rolloutsFor(svc *model.Service) ([]*translate.Rollout, string) {
 	var out []*translate.Rollout
 	var versions []string
-	var nsLabels map[string]string
-	if ns := e.namespaces[svc.Key.Namespace]; ns != nil {
-		nsLabels = ns.Labels
-	}
+	nsLabels := e.namespaceLabels(svc.Key.Namespace)
 	for _, rc := range e.reached {
 		if rc.r.Selects(svc, nsLabels) {
 			out = append(out, rc.tr)
@@ -98,6 +95,14 @@ func (e *Engine) rolloutsFor(svc *model.Service) ([]*translate.Rollout, string) 
 		}
 	}
 	return out, strings.Join(versions, ",")
+}
+
+// namespaceLabels returns a namespace's labels (nil if unknown).
+func (e *Engine) namespaceLabels(namespace string) map[string]string {
+	if ns := e.namespaces[namespace]; ns != nil {
+		return ns.Labels
+	}
+	return nil
 }
 
 func assignmentVersion(tr *translate.Rollout) string {
@@ -140,8 +145,8 @@ func (e *Engine) NodesMatching(r *model.Rollout) []*model.Node {
 	return out
 }
 
-// ServicesSelected returns the resource names of the Services rollout r
-// selects (for the controller: which resources must be acknowledged).
+// ServicesSelected returns the Services rollout r selects, sorted (for the
+// controller: their resources must be acknowledged).
 func (e *Engine) ServicesSelected(r *model.Rollout) []model.ServiceKey {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -150,11 +155,7 @@ func (e *Engine) ServicesSelected(r *model.Rollout) []model.ServiceKey {
 		if se.svc == nil || se.svc.Scheduler != "" {
 			continue // a Service with its own scheduler is not the rollout's
 		}
-		var nsLabels map[string]string
-		if ns := e.namespaces[key.Namespace]; ns != nil {
-			nsLabels = ns.Labels
-		}
-		if r.Selects(se.svc, nsLabels) {
+		if r.Selects(se.svc, e.namespaceLabels(key.Namespace)) {
 			out = append(out, key)
 		}
 	}
