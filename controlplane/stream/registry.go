@@ -81,13 +81,7 @@ func (r *Registry) Len() int {
 // ListAgents returns a copy of every connected agent's info, sorted by node
 // name. pending_resources is computed against the Source's current state.
 func (r *Registry) ListAgents() []*vsplanev1.AgentInfo {
-	r.mu.Lock()
-	states := make([]*agentState, 0, len(r.byNode))
-	for _, st := range r.byNode {
-		states = append(states, st)
-	}
-	r.mu.Unlock()
-	sort.Slice(states, func(i, j int) bool { return states[i].node < states[j].node })
+	states := r.sortedStates()
 	out := make([]*vsplanev1.AgentInfo, 0, len(states))
 	for _, st := range states {
 		out = append(out, r.info(st))
@@ -99,6 +93,17 @@ func (r *Registry) ListAgents() []*vsplanev1.AgentInfo {
 // acknowledged_versions and nacked hold just those names, and pending and
 // lag are not computed (O(names) per agent, not O(node size)).
 func (r *Registry) ListAgentsOf(names []string) []*vsplanev1.AgentInfo {
+	states := r.sortedStates()
+	out := make([]*vsplanev1.AgentInfo, 0, len(states))
+	for _, st := range states {
+		out = append(out, st.baseInfo(names))
+	}
+	return out
+}
+
+// sortedStates snapshots the connected agents, sorted by node name; the
+// registry lock is not held while their infos are built.
+func (r *Registry) sortedStates() []*agentState {
 	r.mu.Lock()
 	states := make([]*agentState, 0, len(r.byNode))
 	for _, st := range r.byNode {
@@ -106,12 +111,7 @@ func (r *Registry) ListAgentsOf(names []string) []*vsplanev1.AgentInfo {
 	}
 	r.mu.Unlock()
 	sort.Slice(states, func(i, j int) bool { return states[i].node < states[j].node })
-	out := make([]*vsplanev1.AgentInfo, 0, len(states))
-	for _, st := range states {
-		info := st.baseInfo(names)
-		out = append(out, info)
-	}
-	return out
+	return states
 }
 
 // Agent returns one node's info.

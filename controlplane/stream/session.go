@@ -395,18 +395,20 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		}
 		delete(ss.st.acked, name)
 	}
-	if ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK {
+	nacked := ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK
+	var summary string
+	if nacked {
+		summary = nackSummary(ack.GetErrors())
 		ss.st.nacks++
-		ss.st.lastNackError = nackSummary(ack.GetErrors())
+		ss.st.lastNackError = summary
 	}
 	ss.st.lastAck = now
 	ss.st.lastApply = ack.GetApplyDuration().AsDuration()
 	ss.st.lastOps = maps.Clone(ack.GetKernelOperations())
 	ss.st.mu.Unlock()
 
-	if ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK {
-		ss.log.Warn("agent NACKed delta", zap.String("nonce", d.nonce),
-			zap.String("errors", nackSummary(ack.GetErrors())))
+	if nacked {
+		ss.log.Warn("agent NACKed delta", zap.String("nonce", d.nonce), zap.String("errors", summary))
 	} else {
 		ss.log.Debug("agent ACKed delta", zap.String("nonce", d.nonce))
 	}
