@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// checkInterval bounds how often the files are stat'ed (at most once per
+// checkInterval bounds how often the files are read (at most once per
 // handshake, and not more often than this).
 var checkInterval = time.Second
 
@@ -26,7 +26,9 @@ var checkInterval = time.Second
 // clock tick and a rotated certificate often has the same size.
 type watched struct {
 	paths []string
-	load  func() error
+	// load builds the configuration from the files' contents (in paths
+	// order): exactly the bytes whose sums are recorded.
+	load func(contents [][]byte) error
 
 	mu        sync.Mutex
 	lastCheck time.Time
@@ -41,6 +43,7 @@ func (w *watched) refresh() error {
 	}
 	w.lastCheck = time.Now()
 	sums := make([][32]byte, len(w.paths))
+	contents := make([][]byte, len(w.paths))
 	changed := w.sums == nil
 	for i, p := range w.paths {
 		b, err := os.ReadFile(p)
@@ -48,8 +51,9 @@ func (w *watched) refresh() error {
 			if w.sums != nil {
 				return nil // keep serving what was loaded (a Secret update swaps a symlink)
 			}
-			return err
+			return fmt.Errorf("tls: %w", err)
 		}
+		contents[i] = b
 		sums[i] = sha256.Sum256(b)
 		if w.sums != nil && sums[i] != w.sums[i] {
 			changed = true
@@ -58,7 +62,7 @@ func (w *watched) refresh() error {
 	if !changed {
 		return nil
 	}
-	if err := w.load(); err != nil {
+	if err := w.load(contents); err != nil {
 		if w.sums != nil {
 			return nil // a half-written update: keep the old one, retry on the next check
 		}
@@ -79,8 +83,8 @@ type Server struct {
 // read or do not form a key pair.
 func NewServer(certFile, keyFile string) (*Server, error) {
 	s := &Server{}
-	s.w = &watched{paths: []string{certFile, keyFile}, load: func() error {
-		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	s.w = &watched{paths: []string{certFile, keyFile}, load: func(pem [][]byte) error {
+		c, err := tls.X509KeyPair(pem[0], pem[1])
 		if err != nil {
 			return fmt.Errorf("tls: loading %s and %s: %w", certFile, keyFile, err)
 		}
@@ -134,13 +138,9 @@ func NewClient(caFile, serverName string) (*Client, error) {
 		return nil, errors.New("tls: a server name to verify is required")
 	}
 	c := &Client{serverName: serverName}
-	c.w = &watched{paths: []string{caFile}, load: func() error {
-		b, err := os.ReadFile(caFile)
-		if err != nil {
-			return fmt.Errorf("tls: reading CA bundle: %w", err)
-		}
+	c.w = &watched{paths: []string{caFile}, load: func(pem [][]byte) error {
 		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(b) {
+		if !pool.AppendCertsFromPEM(pem[0]) {
 			return fmt.Errorf("tls: %s holds no PEM certificate", caFile)
 		}
 		c.mu.Lock()
