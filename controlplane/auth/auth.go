@@ -20,6 +20,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -149,7 +151,7 @@ func (a *Agents) Node(ctx context.Context) (string, error) {
 	}
 	ns, name, ok := serviceAccount(u.Username)
 	if !ok || !a.accounts[ns+"/"+name] {
-		return "", status.Errorf(codes.PermissionDenied, "token of %q is not an agent's (ServiceAccounts %v)", u.Username, keys(a.accounts))
+		return "", status.Errorf(codes.PermissionDenied, "token of %q is not an agent's (ServiceAccounts %v)", u.Username, slices.Sorted(maps.Keys(a.accounts)))
 	}
 	nodes := u.Extra[NodeNameExtra]
 	if len(nodes) != 1 || nodes[0] == "" {
@@ -228,14 +230,6 @@ func serviceAccount(user string) (ns, name string, ok bool) {
 		return "", "", false
 	}
 	return strings.Cut(rest, ":")
-}
-
-func keys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 func hashKey(s string) [32]byte { return sha256.Sum256([]byte(s)) }

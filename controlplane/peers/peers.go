@@ -1,6 +1,6 @@
 // Package peers finds the other replicas of the control plane and keeps a
 // gRPC connection to each, for the fleet-wide inspection view (any replica
-// answers for every agent) and, later, for the rollout leader.
+// answers for every agent), which the rollout leader's gates read too.
 //
 // Why peers and not a status object per node: every replica already
 // computes the same desired state, so only the agents' reports are local to
@@ -66,10 +66,12 @@ func (p *Peers) Set(addrs []string) {
 			want[a] = true
 		}
 	}
+	changed := false
 	for a, c := range p.conns {
 		if !want[a] {
 			_ = c.Close()
 			delete(p.conns, a)
+			changed = true
 		}
 	}
 	for a := range want {
@@ -82,8 +84,11 @@ func (p *Peers) Set(addrs []string) {
 			continue
 		}
 		p.conns[a] = c
+		changed = true
 	}
-	p.log.Info("control-plane peers", zap.Strings("peers", slices.Sorted(maps.Keys(p.conns))))
+	if changed {
+		p.log.Info("control-plane peers", zap.Strings("peers", slices.Sorted(maps.Keys(p.conns))))
+	}
 }
 
 // Clients returns an InspectService client per peer address.

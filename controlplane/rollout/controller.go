@@ -247,7 +247,7 @@ func (c *Controller) view(ctx context.Context, ro *v1alpha1.SchedulerRollout) (V
 			nd.ApplyDuration = a.GetLastApplyDuration().AsDuration()
 			nd.State, nd.Reason = c.nodeState(n.Name, names, a, source)
 		} else {
-			nd.Reason = "agent not connected"
+			nd.Reason = reasonNotConnected
 		}
 		view.Nodes = append(view.Nodes, nd)
 	}
@@ -321,6 +321,17 @@ func (c *Controller) nodeState(node string, names []string, a *vsplanev1.AgentIn
 	return Updated, ""
 }
 
+// reasonNotConnected is a selected node's reason when its agent is not
+// connected to any replica (inspection shows it even for nodes not reached).
+const reasonNotConnected = "agent not connected"
+
+// wireNodeStates maps a reached node's state to the inspection API's.
+var wireNodeStates = map[NodeState]vsplanev1.RolloutNodeState{
+	Pending: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_PENDING,
+	Updated: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_UPDATED,
+	Failed:  vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_FAILED,
+}
+
 // Progress describes rollout name per node (the inspection API's
 // GetRollout); any replica can answer, leader or not.
 func (c *Controller) Progress(ctx context.Context, name string) (*vsplanev1.GetRolloutResponse, bool, error) {
@@ -328,6 +339,7 @@ func (c *Controller) Progress(ctx context.Context, name string) (*vsplanev1.GetR
 	for _, r := range c.cfg.Rollouts() {
 		if r.Name == name {
 			ro = r
+			break
 		}
 	}
 	if ro == nil {
@@ -350,12 +362,8 @@ func (c *Controller) Progress(ctx context.Context, name string) (*vsplanev1.GetR
 		rn := &vsplanev1.RolloutNode{NodeName: n.Name, Capable: n.Capable, Reason: n.Reason,
 			State: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_NOT_REACHED}
 		if reaches(&ro.Status, ro, n.Name) {
-			rn.State = map[NodeState]vsplanev1.RolloutNodeState{
-				Pending: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_PENDING,
-				Updated: vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_UPDATED,
-				Failed:  vsplanev1.RolloutNodeState_ROLLOUT_NODE_STATE_FAILED,
-			}[n.State]
-		} else if n.Reason != "agent not connected" {
+			rn.State = wireNodeStates[n.State]
+		} else if n.Reason != reasonNotConnected {
 			rn.Reason = ""
 		}
 		resp.Nodes = append(resp.Nodes, rn)

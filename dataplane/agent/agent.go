@@ -253,7 +253,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 }
 
 // hasIPv6 reports whether the node has a global unicast IPv6 address on an
-// interface other than lo and kube-ipvs0 (the one vsplane binds Service
+// interface other than lo and kernel.DummyDevice (the one vsplane binds Service
 // addresses to).
 func hasIPv6(links kernel.Links) (bool, string, error) {
 	addrs, err := links.LocalAddresses()
@@ -262,7 +262,7 @@ func hasIPv6(links kernel.Links) (bool, string, error) {
 	}
 	for _, a := range addrs {
 		ip := a.Prefix.Addr()
-		if a.Interface == "lo" || a.Interface == "kube-ipvs0" || !ip.Is6() || ip.Is4In6() || !ip.IsGlobalUnicast() {
+		if a.Interface == "lo" || a.Interface == kernel.DummyDevice || !ip.Is6() || ip.Is4In6() || !ip.IsGlobalUnicast() {
 			continue
 		}
 		return true, a.Interface + " " + ip.String(), nil

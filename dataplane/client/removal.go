@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/vsplane/vsplane/internal/wire"
@@ -79,14 +80,16 @@ func (g *removalGuard) check(d *vsplanev1.Delta, held map[string]string, target 
 	return g.confirm
 }
 
+// report hands the listener a copy (the guard keeps updating its own).
 func (g *removalGuard) report(h *vsplanev1.HeldRemoval) {
-	if g.notify != nil {
-		var c *vsplanev1.HeldRemoval
-		if h != nil {
-			c = &vsplanev1.HeldRemoval{Removals: h.GetRemovals(), HeldServices: h.GetHeldServices(), Since: h.GetSince(), Target: h.GetTarget()}
-		}
-		g.notify(c)
+	if g.notify == nil {
+		return
 	}
+	if h == nil {
+		g.notify(nil)
+		return
+	}
+	g.notify(proto.Clone(h).(*vsplanev1.HeldRemoval))
 }
 
 // removals counts the Services held and how many of them d removes

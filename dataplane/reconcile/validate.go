@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -214,7 +215,7 @@ func labelValue(s string) bool {
 
 // serviceName splits "service/<namespace>/<name>".
 func serviceName(name string) (namespace, svc string, ok bool) {
-	rest, ok := strings.CutPrefix(name, "service/")
+	rest, ok := strings.CutPrefix(name, wire.ServiceResourcePrefix)
 	if !ok {
 		return "", "", false
 	}
