@@ -277,10 +277,87 @@ type IPVS interface {
 	UpdateDestination(key VirtualServerKey, d Destination) error
 	DeleteDestination(key VirtualServerKey, d DestinationKey) error
 
+	// Apply performs ops in order, each with the semantics and errors of
+	// the single call of its kind, and returns one error per op (nil: done).
+	// A failed op does not stop the ones after it; an op that depended on
+	// it fails by itself (a destination of a server whose add failed:
+	// ErrNotFound). The Linux implementation sends many ops per netlink
+	// round trip; that is the point of it (issue: one syscall per real
+	// server made bursts slow).
+	Apply(ops []IPVSOp) []error
+
 	SetTimeouts(t Timeouts) error
 	Timeouts() (Timeouts, error)
 
 	// Schedulers lists the scheduler names this kernel can use (sorted),
 	// an agent capability.
 	Schedulers() ([]string, error)
+}
+
+// IPVSOpKind names the write an IPVSOp performs.
+type IPVSOpKind uint8
+
+const (
+	AddVirtualServer IPVSOpKind = iota + 1
+	UpdateVirtualServer
+	DeleteVirtualServer
+	AddDestination
+	UpdateDestination
+	DeleteDestination
+)
+
+func (k IPVSOpKind) String() string {
+	switch k {
+	case AddVirtualServer:
+		return "add virtual server"
+	case UpdateVirtualServer:
+		return "update virtual server"
+	case DeleteVirtualServer:
+		return "delete virtual server"
+	case AddDestination:
+		return "add destination"
+	case UpdateDestination:
+		return "update destination"
+	case DeleteDestination:
+		return "delete destination"
+	}
+	return fmt.Sprintf("ipvs op %d", uint8(k))
+}
+
+// IPVSOp is one write of an IPVS.Apply batch.
+type IPVSOp struct {
+	Kind IPVSOpKind
+	// Server is the whole server for Add/UpdateVirtualServer; the other
+	// kinds use only Server.Key.
+	Server VirtualServer
+	// Destination is used by the destination kinds (Delete: its key only).
+	Destination Destination
+}
+
+// ApplyEach implements IPVS.Apply with one single call per op: for
+// implementations without a batched path, and for wrappers that intercept
+// single calls (a wrapper embedding an IPVS must route Apply through its
+// own methods, or the inner Apply bypasses them).
+func ApplyEach(v IPVS, ops []IPVSOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		key := op.Server.Key
+		switch op.Kind {
+		case AddVirtualServer:
+			errs[i] = v.AddVirtualServer(op.Server)
+		case UpdateVirtualServer:
+			errs[i] = v.UpdateVirtualServer(op.Server)
+		case DeleteVirtualServer:
+			errs[i] = v.DeleteVirtualServer(key)
+		case AddDestination:
+			errs[i] = v.AddDestination(key, op.Destination)
+		case UpdateDestination:
+			errs[i] = v.UpdateDestination(key, op.Destination)
+		case DeleteDestination:
+			errs[i] = v.DeleteDestination(key, op.Destination.Key())
+		default:
+			errs[i] = fmt.Errorf("%v: %w", op.Kind, ErrInvalid)
+		}
+	}
+	return errs
 }

@@ -427,9 +427,16 @@ func (r *Reconciler) recheck(t *touched, evaluate []string, in map[string]bool) 
 // touchedPass applies only the touched items.
 func (r *Reconciler) touchedPass(p *pass, t *touched) {
 	p.ensureSets()
+	if n := len(t.vss); n >= listThreshold && n*4 >= len(r.programmed) {
+		// Touching a large share of the table: one dump is cheaper than
+		// one get per server (a burst of new Services).
+		p.listVirtualServers()
+	}
 	for _, key := range sortedKeys(t.vss, kernel.VirtualServerKey.Compare) {
 		p.syncVS(key, t.vss[key])
 	}
+	p.listed = nil
+	p.flushIPVS()
 	for _, a := range sortedKeys(t.addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
 		p.syncAddr(a, t.addrs[a])
 	}
@@ -451,23 +458,16 @@ func (r *Reconciler) fullPass(p *pass) {
 	for key := range r.programmed {
 		keys[key] = nil
 	}
-	list, err := r.k.IPVS.ListVirtualServers()
-	if err != nil {
-		p.fail(nil, "list ipvs services", err)
-	}
-	if err == nil {
-		p.listed = make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(list))
-	}
-	for _, vs := range list {
-		p.listed[vs.Key] = vs
-		if vs.Key.FWMark == 0 && r.rec.bound[vs.Key.Address] && !p.excluded(vs.Key.Address) {
-			keys[vs.Key] = nil
+	for key := range p.listVirtualServers() {
+		if key.FWMark == 0 && r.rec.bound[key.Address] && !p.excluded(key.Address) {
+			keys[key] = nil
 		}
 	}
 	for _, key := range sortedKeys(keys, kernel.VirtualServerKey.Compare) {
 		p.syncVS(key, nil)
 	}
 	p.listed = nil
+	p.flushIPVS()
 	addrs := map[netipAddr][]string{}
 	for a := range r.store.addrVS {
 		addrs[a] = nil

@@ -55,6 +55,59 @@ type pass struct {
 	// drainOps are the ops (also in ops) that ended a drain: housekeeping,
 	// not drift repair.
 	drainOps map[string]uint32
+	// ipvsq holds IPVS writes until flushIPVS sends them in batches
+	// (kernel.IPVS.Apply): one netlink round trip per write made bursts slow.
+	ipvsq ipvsQueue
+}
+
+// ipvsQueue is a pass's pending IPVS writes, each with what to do with its
+// outcome. Callbacks run in queue order after the batch returns.
+type ipvsQueue struct {
+	ops  []kernel.IPVSOp
+	done []func(error)
+	// addFailed: servers whose queued add failed in the batch being
+	// reported; their destinations' ErrNotFound says nothing new.
+	addFailed map[kernel.VirtualServerKey]bool
+}
+
+// maxQueuedIPVS bounds the queue (memory, and how late errors surface).
+const maxQueuedIPVS = 8192
+
+// queueIPVS adds a write; done (may be nil) receives its outcome.
+func (p *pass) queueIPVS(op kernel.IPVSOp, done func(error)) {
+	p.ipvsq.ops = append(p.ipvsq.ops, op)
+	p.ipvsq.done = append(p.ipvsq.done, done)
+	if len(p.ipvsq.ops) >= maxQueuedIPVS {
+		p.flushIPVS()
+	}
+}
+
+// flushIPVS sends the queued writes and reports their outcomes. Every
+// phase that queues flushes before anything reads what it wrote.
+func (p *pass) flushIPVS() {
+	q := &p.ipvsq
+	if len(q.ops) == 0 {
+		return
+	}
+	errs := p.r.k.IPVS.Apply(q.ops)
+	q.addFailed = map[kernel.VirtualServerKey]bool{}
+	for i, op := range q.ops {
+		var err error
+		if i < len(errs) {
+			err = errs[i]
+		} else {
+			err = fmt.Errorf("ipvs: %v: no outcome reported by the kernel layer", op.Kind)
+		}
+		if err != nil && op.Kind == kernel.AddVirtualServer {
+			q.addFailed[op.Server.Key] = true
+		}
+		if q.done[i] != nil {
+			q.done[i](err)
+		}
+	}
+	clear(q.ops)
+	clear(q.done)
+	q.ops, q.done, q.addFailed = q.ops[:0], q.done[:0], nil
 }
 
 // record is what the reconciler believes the kernel holds of the state it
@@ -119,6 +172,27 @@ func blame(owners, touchers []string) []string {
 
 // ---- IPVS ----
 
+// listThreshold: an incremental pass touching at least this many virtual
+// servers (and a quarter of those programmed) lists the table once
+// instead of reading each server.
+const listThreshold = 64
+
+// listVirtualServers reads the whole IPVS table into p.listed (which
+// syncVS then uses instead of one get per key) and returns it; on error it
+// records the failure and leaves p.listed nil (syncVS reads per key).
+func (p *pass) listVirtualServers() map[kernel.VirtualServerKey]kernel.VirtualServer {
+	list, err := p.r.k.IPVS.ListVirtualServers()
+	if err != nil {
+		p.fail(nil, "list ipvs services", err)
+		return nil
+	}
+	p.listed = make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(list))
+	for _, vs := range list {
+		p.listed[vs.Key] = vs
+	}
+	return p.listed
+}
+
 func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 	k := p.r.k.IPVS
 	names := blame(p.r.store.vsOwners[key], touchers)
@@ -141,34 +215,56 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 	if !ok {
 		// Like kube-proxy, a virtual server nobody wants is deleted with its
 		// real servers, draining or not: their connections go with it.
-		if exists && !p.excluded(key.Address) {
-			p.count(OpDeleteService)
-			if err := k.DeleteVirtualServer(key); err != nil && !errors.Is(err, kernel.ErrNotFound) {
+		forget := func() {
+			delete(p.r.programmed, key)
+			delete(p.r.drains, key) // deleted, or excluded and so not ours
+		}
+		if !exists || p.excluded(key.Address) {
+			forget()
+			return
+		}
+		p.count(OpDeleteService)
+		p.queueIPVS(kernel.IPVSOp{Kind: kernel.DeleteVirtualServer, Server: kernel.VirtualServer{Key: key}}, func(err error) {
+			if err != nil && !errors.Is(err, kernel.ErrNotFound) {
 				p.fail(names, "ipvs delete "+key.String(), err)
 				return
 			}
-		}
-		delete(p.r.programmed, key)
-		delete(p.r.drains, key) // deleted, or excluded and so not ours
+			forget()
+		})
 		return
 	}
 	p.r.programmed[key] = struct{}{}
 	vs := want.kernelVS(p.s.defaultScheduler)
+	// The server's write goes first in the queue and the kernel applies a
+	// batch in order, so its destinations below find it.
 	switch {
 	case !exists:
 		p.count(OpAddService)
-		if err := k.AddVirtualServer(vs); err != nil {
-			p.fail(names, "ipvs add "+key.String(), err)
-			return
-		}
+		p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: vs}, func(err error) {
+			if err != nil {
+				p.fail(names, "ipvs add "+key.String(), err)
+			}
+		})
 	case cur != vs:
 		p.count(OpUpdateService)
-		if err := k.UpdateVirtualServer(vs); err != nil {
-			p.fail(names, "ipvs update "+key.String(), err)
-			return
-		}
+		p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateVirtualServer, Server: vs}, func(err error) {
+			if err != nil {
+				p.fail(names, "ipvs update "+key.String(), err)
+			}
+		})
 	}
 	p.syncDests(key, want.dests, exists, names)
+}
+
+// destDone reports a queued destination write's failure, unless it only
+// echoes the failed add of its server (already reported to the same names).
+func (p *pass) destDone(key kernel.VirtualServerKey, what string, names []string) func(error) {
+	return func(err error) {
+		if err == nil || (p.ipvsq.addFailed[key] && errors.Is(err, kernel.ErrNotFound)) {
+			return
+		}
+		p.fail(names, what, err)
+	}
 }
 
 func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination, exists bool, names []string) {
@@ -190,17 +286,16 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination,
 		// Wanted again while draining: the weight update below restores it
 		// (no delete/re-add, its connections stay).
 		p.r.untrack(key, d.Key())
+		server := kernel.VirtualServer{Key: key}
 		switch {
 		case !ok:
 			p.count(OpAddDestination)
-			if err := k.AddDestination(key, d); err != nil {
-				p.fail(names, fmt.Sprintf("ipvs add destination %v -> %v", key, d.Key()), err)
-			}
+			p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddDestination, Server: server, Destination: d},
+				p.destDone(key, fmt.Sprintf("ipvs add destination %v -> %v", key, d.Key()), names))
 		case cur.Weight != d.Weight || cur.Forward != d.Forward:
 			p.count(OpUpdateDestination)
-			if err := k.UpdateDestination(key, d); err != nil {
-				p.fail(names, fmt.Sprintf("ipvs update destination %v -> %v", key, d.Key()), err)
-			}
+			p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: server, Destination: d},
+				p.destDone(key, fmt.Sprintf("ipvs update destination %v -> %v", key, d.Key()), names))
 		}
 	}
 	stale := make([]kernel.Destination, 0, len(have))

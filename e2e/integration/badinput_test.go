@@ -158,6 +158,9 @@ func (f *failFirstAdd) AddVirtualServer(vs kernel.VirtualServer) error {
 	return f.IPVS.AddVirtualServer(vs)
 }
 
+// Apply goes through AddVirtualServer above, so batched adds meet the fault too.
+func (f *failFirstAdd) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(f, ops) }
+
 // TestTransientKernelErrorHeals: a kernel error NACKs a Service; the
 // agent's own retry applies it a moment later, and the control plane learns
 // that from the agent's status (nothing is resent, nothing stays pending).

@@ -32,24 +32,6 @@ import (
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
-// Result mirrors e2e/cmd/vmbench's JSON output (durations in ms).
-type Result struct {
-	Services       int               `json:"services"`
-	ColdMS         float64           `json:"cold_ms"`
-	ColdOps        map[string]uint32 `json:"cold_kernel_operations"`
-	Changes        int               `json:"changes"`
-	ChangeMedianMS float64           `json:"change_median_ms"`
-	ChangeP90MS    float64           `json:"change_p90_ms"`
-	ChangeMinMS    float64           `json:"change_min_ms"`
-	ChangeMaxMS    float64           `json:"change_max_ms"`
-	ChangeOps      map[string]uint32 `json:"change_kernel_operations"`
-	Removes        int               `json:"removes"`
-	RemoveMedianMS float64           `json:"remove_median_ms"`
-	RemoveP90MS    float64           `json:"remove_p90_ms"`
-	RemoveOps      map[string]uint32 `json:"remove_kernel_operations"`
-	KernelOpenMS   float64           `json:"kernel_open_ms"`
-}
-
 // Report is results.json.
 type Report struct {
 	Time string `json:"time"`
@@ -61,7 +43,28 @@ type Report struct {
 	Runs          []Result `json:"runs"`
 	// Ratios are the largest size's value over the smallest size's.
 	Ratios map[string]float64 `json:"ratios"`
+	// Burst is the burst workload (default 2,000 Services x 10 endpoints)
+	// three ways: one netlink request per IPVS write (the baseline),
+	// batched, and batched in bounded Deltas; BurstRatios compare them.
+	Burst       []Result           `json:"burst"`
+	BurstRatios map[string]float64 `json:"burst_ratios"`
 }
+
+// burstSize is VSPLANE_VMBENCH_BURST ("services x endpoints", default 2000x10).
+func burstSize(t *testing.T) (services, endpoints int) {
+	s := os.Getenv("VSPLANE_VMBENCH_BURST")
+	if s == "" {
+		return 2000, 10
+	}
+	if _, err := fmt.Sscanf(s, "%dx%d", &services, &endpoints); err != nil || services < 1 || endpoints < 2 {
+		t.Fatalf("VSPLANE_VMBENCH_BURST=%q: want SERVICESxENDPOINTS, e.g. 2000x10", s)
+	}
+	return services, endpoints
+}
+
+// burstChunkOps is the Delta budget of the bounded run: the control
+// plane's initial budget before it has measured the agent.
+const burstChunkOps = 4096
 
 func sizes(t *testing.T) []int {
 	s := os.Getenv("VSPLANE_VMBENCH_SIZES")
@@ -129,6 +132,36 @@ func TestVMBench(t *testing.T) {
 			n, node.Name, time.Since(start).Round(time.Second), r.ColdMS, r.ChangeMedianMS, r.ChangeP90MS, r.ChangeOps, r.RemoveMedianMS, r.RemoveOps)
 		rep.Runs = append(rep.Runs, r)
 	}
+	bs, be := burstSize(t)
+	for _, flags := range []string{"--unbatched", "", fmt.Sprintf("--chunk-ops %d", burstChunkOps)} {
+		node, err := topo.AddNode(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := fmt.Sprintf("vmbench --services %d --endpoints %d --changes 20 --removes 0 %s", bs, be, flags)
+		out, err := node.RunOK(ctx, cmd)
+		if err != nil {
+			t.Fatalf("%s in %s: %v", cmd, node.Name, err)
+		}
+		var r Result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("vmbench output: %v\n%s", err, out)
+		}
+		if r.Services != bs || r.Endpoints != be || r.ColdMS <= 0 || r.ColdWrites == 0 {
+			t.Fatalf("vmbench output implausible: %s", out)
+		}
+		t.Logf("burst %dx%d %q: cold %.0f ms in %d Deltas, %d writes at %.0f/s, per-Service latency p50 %.0f ms p99 %.0f ms, first ack %.0f ms, change median %.2f ms; per Delta ms %v writes %v",
+			bs, be, flags, r.ColdMS, r.ColdDeltas, r.ColdWrites, r.ColdWritesPerSec, r.BurstP50MS, r.BurstP99MS, r.FirstAckedMS, r.ChangeMedianMS, r.ColdDeltaMS, r.ColdDeltaWrites)
+		rep.Burst = append(rep.Burst, r)
+	}
+	one, batched, bounded := rep.Burst[0], rep.Burst[1], rep.Burst[2]
+	rep.BurstRatios = map[string]float64{
+		"cold_unbatched_over_batched":        one.ColdMS / batched.ColdMS,
+		"writes_per_sec_batched_over_single": batched.ColdWritesPerSec / one.ColdWritesPerSec,
+		"p50_latency_one_delta_over_bounded": batched.BurstP50MS / bounded.BurstP50MS,
+		"change_median_batched_over_single":  batched.ChangeMedianMS / one.ChangeMedianMS,
+	}
+	t.Logf("burst ratios: %v", rep.BurstRatios)
 	rep.LoadAvgAfter = loadavg()
 	if len(rep.Runs) >= 2 {
 		lo, hi := rep.Runs[0], rep.Runs[len(rep.Runs)-1]
@@ -193,6 +226,24 @@ func markdown(rep Report) string {
 	if rep.Ratios != nil {
 		fmt.Fprintf(&b, "\nRatio largest/smallest: cold %.2f, change median %.2f, change p90 %.2f, remove median %.2f\n",
 			rep.Ratios["cold"], rep.Ratios["change_median"], rep.Ratios["change_p90"], rep.Ratios["remove_median"])
+	}
+	if len(rep.Burst) > 0 {
+		b.WriteString("\n## Burst (cold start into an empty kernel)\n\n")
+		b.WriteString("| Services x endpoints | IPVS writes | Deltas | converged (ms) | kernel writes | writes/s | per-Service latency p50 / p99 (ms) | first Delta acked (ms) | one-endpoint change median (ms) |\n")
+		b.WriteString("|---|---|---:|---:|---:|---:|---|---:|---:|\n")
+		for _, r := range rep.Burst {
+			mode := "batched"
+			if r.Unbatched {
+				mode = "one request each (before)"
+			}
+			fmt.Fprintf(&b, "| %d x %d | %s | %d | %.0f | %d | %.0f | %.0f / %.0f | %.0f | %.2f |\n", r.Services, r.Endpoints, mode,
+				r.ColdDeltas, r.ColdMS, r.ColdWrites, r.ColdWritesPerSec, r.BurstP50MS, r.BurstP99MS, r.FirstAckedMS, r.ChangeMedianMS)
+		}
+		keys := slices.Sorted(maps.Keys(rep.BurstRatios))
+		b.WriteString("\n")
+		for _, k := range keys {
+			fmt.Fprintf(&b, "- %s: %.2f\n", k, rep.BurstRatios[k])
+		}
 	}
 	return b.String()
 }

@@ -164,6 +164,101 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		wantDests(t, v, fw.Key, []kernel.Destination{dfw})
 	})
 
+	t.Run("ApplyBatch", func(t *testing.T) {
+		v := newIPVS(t)
+		a := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+		bad := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "nosuchsched"}
+		fw := kernel.VirtualServer{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x7c000000+next()), Scheduler: "rr"}
+		v6 := kernel.VirtualServer{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolUDP, 53), Scheduler: "wrr",
+			Flags: kernel.FlagPersistent, Timeout: 30, Netmask: 64}
+		for _, vs := range []kernel.VirtualServer{a, fw, v6} {
+			t.Cleanup(func() { _ = v.DeleteVirtualServer(vs.Key) })
+		}
+		d1 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 1}
+		d2 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 2}
+		d6 := kernel.Destination{Address: testAddr6(), Port: 5353, Weight: 4}
+		ops := []kernel.IPVSOp{
+			{Kind: kernel.AddVirtualServer, Server: a},
+			{Kind: kernel.AddDestination, Server: a, Destination: d1},
+			{Kind: kernel.AddDestination, Server: a, Destination: d2},
+			{Kind: kernel.AddVirtualServer, Server: bad},                                       // 3: unknown scheduler
+			{Kind: kernel.AddDestination, Server: bad, Destination: d1},                        // 4: its server is missing
+			{Kind: kernel.AddDestination, Server: a, Destination: d1},                          // 5: duplicate
+			{Kind: kernel.AddDestination, Server: a, Destination: kernel.Destination{Port: 1}}, // 6: no address
+			{Kind: kernel.UpdateDestination, Server: a, Destination: kernel.Destination{Address: d2.Address, Port: 8080, Weight: 9}},
+			{Kind: kernel.AddVirtualServer, Server: fw},
+			{Kind: kernel.AddDestination, Server: fw, Destination: kernel.Destination{Address: d1.Address, Weight: 1}},
+			{Kind: kernel.AddVirtualServer, Server: v6},
+			{Kind: kernel.AddDestination, Server: v6, Destination: d6},
+			{Kind: kernel.DeleteDestination, Server: a, Destination: d1},
+			{Kind: kernel.DeleteDestination, Server: a, Destination: d1}, // 13: already gone
+			{Kind: kernel.UpdateVirtualServer, Server: kernel.VirtualServer{Key: a.Key, Scheduler: "wrr"}},
+			{Kind: kernel.DeleteVirtualServer, Server: bad}, // 15: never added
+		}
+		errs := v.Apply(ops)
+		if len(errs) != len(ops) {
+			t.Fatalf("Apply returned %d errors for %d ops", len(errs), len(ops))
+		}
+		want := map[int]error{3: kernel.ErrUnsupported, 4: kernel.ErrNotFound, 5: kernel.ErrExist, 6: kernel.ErrInvalid,
+			13: kernel.ErrNotFound, 15: kernel.ErrNotFound}
+		for i, err := range errs {
+			if w, ok := want[i]; ok {
+				wantErr(t, err, w, fmt.Sprintf("op %d (%v)", i, ops[i].Kind))
+			} else {
+				must(t, err, fmt.Sprintf("op %d (%v)", i, ops[i].Kind))
+			}
+		}
+		got, err := v.GetVirtualServer(a.Key)
+		must(t, err, "get "+a.Key.String())
+		if got.Scheduler != "wrr" {
+			t.Errorf("scheduler after batched update: %q, want wrr", got.Scheduler)
+		}
+		d2.Weight = 9
+		wantDests(t, v, a.Key, []kernel.Destination{d2})
+		wantDests(t, v, fw.Key, []kernel.Destination{{Address: d1.Address, Weight: 1}})
+		got6, err := v.GetVirtualServer(v6.Key)
+		must(t, err, "get "+v6.Key.String())
+		if got6 != v6.Normalize() {
+			t.Errorf("batched add of %v: got %+v, want %+v", v6.Key, got6, v6.Normalize())
+		}
+		wantDests(t, v, v6.Key, []kernel.Destination{d6})
+		if _, err := v.GetVirtualServer(bad.Key); err == nil {
+			t.Errorf("%v exists although its add failed", bad.Key)
+		}
+		if errs := v.Apply(nil); len(errs) != 0 {
+			t.Errorf("Apply(nil) = %v, want no errors", errs)
+		}
+	})
+
+	t.Run("ApplyLargeBatchOneFailure", func(t *testing.T) {
+		// More ops than one netlink message buffer holds, one failing in
+		// the middle: exactly that one fails, everything else applies.
+		v := newIPVS(t)
+		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+		addVS(t, v, vs)
+		rs := testAddr4()
+		const n, dup = 2500, 1700
+		ops := make([]kernel.IPVSOp, 0, n+1)
+		var want []kernel.Destination
+		for i := range n {
+			d := kernel.Destination{Address: rs, Port: uint16(1000 + i), Weight: 1}
+			want = append(want, d)
+			ops = append(ops, kernel.IPVSOp{Kind: kernel.AddDestination, Server: vs, Destination: d})
+			if i == dup {
+				ops = append(ops, kernel.IPVSOp{Kind: kernel.AddDestination, Server: vs, Destination: d})
+			}
+		}
+		errs := v.Apply(ops)
+		for i, err := range errs {
+			if i == dup+1 {
+				wantErr(t, err, kernel.ErrExist, fmt.Sprintf("op %d (duplicate)", i))
+			} else if err != nil {
+				t.Fatalf("op %d: unexpected error: %v", i, err)
+			}
+		}
+		wantDests(t, v, vs.Key, want)
+	})
+
 	t.Run("Timeouts", func(t *testing.T) {
 		v := newIPVS(t)
 		orig, err := v.Timeouts()

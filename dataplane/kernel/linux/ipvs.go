@@ -32,6 +32,8 @@ type IPVSOptions struct {
 type IPVS struct {
 	mu   sync.Mutex
 	h    *ipvs.Handle
+	// batch carries Apply: many writes per syscall (moby sends one).
+	batch *ipvsBatcher
 	opts IPVSOptions
 	log  *zap.Logger
 }
@@ -57,6 +59,10 @@ func NewIPVS(opts IPVSOptions) (*IPVS, error) {
 	}
 	v := &IPVS{h: h, opts: opts, log: opts.Logger}
 	if err := v.probe(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	if v.batch, err = newIPVSBatcher(); err != nil {
 		h.Close()
 		return nil, err
 	}
@@ -89,6 +95,15 @@ func (v *IPVS) Close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.h.Close()
+	v.batch.close()
+}
+
+// Apply sends ops in batches of many netlink requests per syscall (see
+// kernel.IPVS.Apply).
+func (v *IPVS) Apply(ops []kernel.IPVSOp) []error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.batch.apply(ops)
 }
 
 // ipvsError maps an IPVS errno to a sentinel. enoent is what ENOENT means

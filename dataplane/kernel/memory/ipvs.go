@@ -245,6 +245,9 @@ func (m *IPVS) DeleteDestination(key kernel.VirtualServerKey, dk kernel.Destinat
 	return nil
 }
 
+// Apply performs ops one by one (see kernel.IPVS.Apply).
+func (m *IPVS) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(m, ops) }
+
 func (m *IPVS) SetTimeouts(t kernel.Timeouts) error {
 	if err := t.Validate(); err != nil {
 		return err

@@ -14,6 +14,13 @@
 //  3. R times: add one extra Service, then remove it (the removal unbinds its
 //     address from kube-ipvs0 while N others stay bound).
 //
+// --endpoints sets the endpoints per Service (default 2). --unbatched sends
+// IPVS writes one netlink request at a time (the path before batching: the
+// baseline). --chunk-ops K applies the cold start as consecutive Deltas of
+// at most K estimated kernel operations each, like the control plane's
+// bounded Deltas, and reports each Service's latency from the start of the
+// burst to the Ack of the Delta that carried it.
+//
 // The result is one JSON object on stdout; logs go to stderr.
 package main
 
@@ -31,35 +38,15 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vsplane/vsplane/dataplane/agent"
+	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/e2e/vmbench"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // maxServices keeps every ClusterIP inside 198.18.0.0/16 (250 per /24,
 // third octet 0..254, the extra Service takes 198.18.255.1).
 const maxServices = 250 * 255
-
-// Result is vmbench's JSON output. Durations are milliseconds.
-type Result struct {
-	Services int `json:"services"`
-	// ColdMS is the first Apply of N Services into an empty kernel.
-	ColdMS  float64           `json:"cold_ms"`
-	ColdOps map[string]uint32 `json:"cold_kernel_operations"`
-	// Change* describe the one-endpoint-change Applies.
-	Changes        int               `json:"changes"`
-	ChangeMedianMS float64           `json:"change_median_ms"`
-	ChangeP90MS    float64           `json:"change_p90_ms"`
-	ChangeMinMS    float64           `json:"change_min_ms"`
-	ChangeMaxMS    float64           `json:"change_max_ms"`
-	ChangeOps      map[string]uint32 `json:"change_kernel_operations"`
-	// Remove* describe removing one Service among N.
-	Removes        int               `json:"removes"`
-	RemoveMedianMS float64           `json:"remove_median_ms"`
-	RemoveP90MS    float64           `json:"remove_p90_ms"`
-	RemoveOps      map[string]uint32 `json:"remove_kernel_operations"`
-	// KernelOpenMS is NewLinuxKernel + reconcile.New (probes, module loads).
-	KernelOpenMS float64 `json:"kernel_open_ms"`
-}
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
@@ -74,6 +61,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	n := fs.Int("services", 1000, "ClusterIP Services applied at cold start (1.."+fmt.Sprint(maxServices)+")")
 	changes := fs.Int("changes", 50, "one-endpoint-change Applies to time (>= 1)")
 	removes := fs.Int("removes", 10, "add+remove pairs of one extra Service to time (>= 0)")
+	endpoints := fs.Int("endpoints", 2, "endpoints per Service (2..90)")
+	unbatched := fs.Bool("unbatched", false, "one netlink request per IPVS write (the baseline before batching)")
+	chunkOps := fs.Int("chunk-ops", 0, "apply the cold start as Deltas of at most this many estimated kernel operations (0: one Delta)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -86,6 +76,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *changes < 1 || *removes < 0 {
 		return errors.New("--changes must be >= 1 and --removes >= 0")
 	}
+	if *endpoints < 2 || *endpoints > 90 {
+		return fmt.Errorf("--endpoints %d: must be 2..90", *endpoints)
+	}
+	if *chunkOps < 0 {
+		return fmt.Errorf("--chunk-ops %d: must be >= 0", *chunkOps)
+	}
+	eps = *endpoints
 	log, err := zap.NewProductionConfig().Build()
 	if err != nil {
 		return err
@@ -100,21 +97,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// A long period: no full reconcile runs during the measurement (Run is
 	// never started anyway).
+	if *unbatched {
+		k.IPVS = oneByOne{k.IPVS}
+	}
 	r, err := reconcile.New(k, reconcile.Config{Period: time.Hour}, log)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
 	}
-	res := Result{Services: *n, Changes: *changes, Removes: *removes, KernelOpenMS: ms(time.Since(t0))}
+	res := vmbench.Result{Services: *n, Changes: *changes, Removes: *removes, KernelOpenMS: ms(time.Since(t0)),
+		Endpoints: *endpoints, Unbatched: *unbatched, ChunkOps: *chunkOps}
 
 	svcs := make([]*vsplanev1.Resource, *n)
 	for i := range svcs {
 		svcs[i] = service(i, 0)
 	}
-	d, ack, err := apply(ctx, r, &vsplanev1.Delta{Nonce: "cold", Resources: svcs, ReplaceAll: true})
-	if err != nil {
-		return fmt.Errorf("cold start: %w", err)
+	if err := coldStart(ctx, r, svcs, *chunkOps, &res); err != nil {
+		return err
 	}
-	res.ColdMS, res.ColdOps = ms(d), ack.GetKernelOperations()
 
 	// Each change moves the second endpoint of a different Service (a
 	// stride walk, so not always the same entries) to a new address.
@@ -156,6 +155,74 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return enc.Encode(res)
 }
 
+// oneByOne sends every IPVS write as its own netlink request: the
+// baseline the batched path is measured against.
+type oneByOne struct{ kernel.IPVS }
+
+func (o oneByOne) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(o.IPVS, ops) }
+
+// coldStart applies svcs into the empty kernel, as one Delta or as
+// consecutive Deltas of at most chunkOps estimated operations (whole
+// Services), and records the times in res.
+func coldStart(ctx context.Context, r *reconcile.Reconciler, svcs []*vsplanev1.Resource, chunkOps int, res *vmbench.Result) error {
+	var chunks [][]*vsplanev1.Resource
+	if chunkOps == 0 {
+		chunks = [][]*vsplanev1.Resource{svcs}
+	} else {
+		var cur []*vsplanev1.Resource
+		budget := 0
+		for _, s := range svcs {
+			c := estimatedOps(s)
+			if len(cur) > 0 && budget+c > chunkOps {
+				chunks, cur, budget = append(chunks, cur), nil, 0
+			}
+			cur, budget = append(cur, s), budget+c
+		}
+		chunks = append(chunks, cur)
+	}
+	res.ColdOps = map[string]uint32{}
+	var lat []time.Duration
+	start := time.Now()
+	for i, c := range chunks {
+		// The first Delta of an agent carries the whole state (replace_all);
+		// the later ones add to it.
+		took, ack, err := apply(ctx, r, &vsplanev1.Delta{Nonce: fmt.Sprint("cold-", i), Resources: c, ReplaceAll: i == 0})
+		if err != nil {
+			return fmt.Errorf("cold start Delta %d of %d: %w", i+1, len(chunks), err)
+		}
+		at := time.Since(start)
+		if i == 0 {
+			res.FirstAckedMS = ms(at)
+		}
+		for range c {
+			lat = append(lat, at)
+		}
+		var writes uint64
+		for op, n := range ack.GetKernelOperations() {
+			res.ColdOps[op] += n
+			writes += uint64(n)
+		}
+		res.ColdWrites += writes
+		res.ColdDeltaMS = append(res.ColdDeltaMS, ms(took))
+		res.ColdDeltaWrites = append(res.ColdDeltaWrites, writes)
+	}
+	total := time.Since(start)
+	res.ColdMS, res.ColdDeltas = ms(total), len(chunks)
+	res.ColdWritesPerSec = float64(res.ColdWrites) / total.Seconds()
+	res.BurstP50MS, res.BurstP99MS, res.BurstMaxMS = ms(quantile(lat, 0.5)), ms(quantile(lat, 0.99)), ms(slices.Max(lat))
+	return nil
+}
+
+// estimatedOps is a Service's kernel writes when new: per virtual server
+// one add plus one per real server, one per ipset entry, one address.
+func estimatedOps(r *vsplanev1.Resource) int {
+	n := 1 + len(r.GetService().GetIpsetEntries())
+	for _, vs := range r.GetService().GetVirtualServers() {
+		n += 1 + len(vs.GetRealServers())
+	}
+	return n
+}
+
 // apply runs one Delta and times it; a NACK is an error.
 func apply(ctx context.Context, r *reconcile.Reconciler, d *vsplanev1.Delta) (time.Duration, *vsplanev1.Ack, error) {
 	start := time.Now()
@@ -167,9 +234,12 @@ func apply(ctx context.Context, r *reconcile.Reconciler, d *vsplanev1.Delta) (ti
 	return took, ack, nil
 }
 
+// eps is the endpoints per Service (--endpoints).
+var eps = 2
+
 // service builds ClusterIP Service i (i = -1: the extra one at 198.18.255.1)
-// like the control plane would: one TCP virtual server on port 80 with two
-// endpoints and its KUBE-CLUSTER-IP entry. gen picks the second endpoint, so
+// like the control plane would: one TCP virtual server on port 80 with eps
+// endpoints and its KUBE-CLUSTER-IP entry. gen picks the last endpoint, so
 // gen != previous gen is a one-endpoint change.
 func service(i, gen int) *vsplanev1.Resource {
 	name, vip := fmt.Sprint("bench-", i), fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)
@@ -177,18 +247,20 @@ func service(i, gen int) *vsplanev1.Resource {
 		name, vip = "bench-extra", "198.18.255.1"
 		i = 0
 	}
-	second := fmt.Sprintf("198.19.%d.%d", 100+gen%100, i%250+1)
+	last := fmt.Sprintf("198.19.%d.%d", 100+gen%100, i%250+1)
+	var rss []*vsplanev1.RealServer
+	for j := range eps - 1 {
+		rss = append(rss, &vsplanev1.RealServer{Address: fmt.Sprintf("198.19.%d.%d", 1+j, i%250+1), Port: 8080, Weight: 1, Ready: true})
+	}
+	rss = append(rss, &vsplanev1.RealServer{Address: last, Port: 8080, Weight: 1, Ready: true})
 	vs := &vsplanev1.VirtualServer{
-		Kind:     vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP,
-		Address:  vip,
-		Family:   vsplanev1.IPFamily_IP_FAMILY_IPV4,
-		Port:     80,
-		Protocol: vsplanev1.Protocol_PROTOCOL_TCP,
-		Binding:  vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS,
-		RealServers: []*vsplanev1.RealServer{
-			{Address: fmt.Sprintf("198.19.1.%d", i%250+1), Port: 8080, Weight: 1, Ready: true},
-			{Address: second, Port: 8080, Weight: 1, Ready: true},
-		},
+		Kind:        vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP,
+		Address:     vip,
+		Family:      vsplanev1.IPFamily_IP_FAMILY_IPV4,
+		Port:        80,
+		Protocol:    vsplanev1.Protocol_PROTOCOL_TCP,
+		Binding:     vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS,
+		RealServers: rss,
 	}
 	return &vsplanev1.Resource{
 		Name:    "service/default/" + name,

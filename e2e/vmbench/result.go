@@ -1,0 +1,44 @@
+// Package vmbench measures the agent's reconciler on the real kernel of the
+// QEMU test bed; see vmbench_test.go (build tag vmbench) and e2e/cmd/vmbench.
+package vmbench
+
+// Result is the JSON output of e2e/cmd/vmbench (one run in one node
+// namespace). Durations are milliseconds.
+type Result struct {
+	Services int `json:"services"`
+	// ColdMS is the first Apply of N Services into an empty kernel.
+	ColdMS  float64           `json:"cold_ms"`
+	ColdOps map[string]uint32 `json:"cold_kernel_operations"`
+	// Change* describe the one-endpoint-change Applies.
+	Changes        int               `json:"changes"`
+	ChangeMedianMS float64           `json:"change_median_ms"`
+	ChangeP90MS    float64           `json:"change_p90_ms"`
+	ChangeMinMS    float64           `json:"change_min_ms"`
+	ChangeMaxMS    float64           `json:"change_max_ms"`
+	ChangeOps      map[string]uint32 `json:"change_kernel_operations"`
+	// Remove* describe removing one Service among N.
+	Removes        int               `json:"removes"`
+	RemoveMedianMS float64           `json:"remove_median_ms"`
+	RemoveP90MS    float64           `json:"remove_p90_ms"`
+	RemoveOps      map[string]uint32 `json:"remove_kernel_operations"`
+	// KernelOpenMS is NewLinuxKernel + reconcile.New (probes, module loads).
+	KernelOpenMS float64 `json:"kernel_open_ms"`
+
+	Endpoints int  `json:"endpoints"`
+	Unbatched bool `json:"unbatched"`
+	// ColdWrites is the kernel writes of the cold start and
+	// ColdWritesPerSec their rate.
+	ColdWrites       uint64  `json:"cold_writes"`
+	ColdWritesPerSec float64 `json:"cold_writes_per_sec"`
+	// ChunkOps > 0: the cold start went as ColdDeltas Deltas; Burst* are
+	// the per-Service latencies (burst start to its Delta's Ack).
+	ChunkOps     int     `json:"chunk_ops"`
+	ColdDeltas   int     `json:"cold_deltas"`
+	BurstP50MS   float64 `json:"burst_latency_p50_ms"`
+	BurstP99MS   float64 `json:"burst_latency_p99_ms"`
+	BurstMaxMS   float64 `json:"burst_latency_max_ms"`
+	FirstAckedMS float64 `json:"burst_first_ack_ms"`
+	// ColdDeltaMS and ColdDeltaWrites describe each cold-start Delta.
+	ColdDeltaMS     []float64 `json:"cold_delta_ms"`
+	ColdDeltaWrites []uint64  `json:"cold_delta_writes"`
+}
