@@ -7,9 +7,14 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// runner runs fn like kube-proxy's BoundedFrequencyRunner: on request, but
-// never more often than minInterval; at least every maxInterval (a periodic
-// run); and again after retryInterval when fn fails.
+// runner runs fn like kube-proxy's BoundedFrequencyRunner: on request; at
+// least every maxInterval (a periodic run); and again after retryInterval
+// when fn fails. Unlike it, the gap it enforces between two runs adapts to
+// their cost: busyFactor times the previous run's duration, at most
+// minInterval. A cheap run (an idle control plane, one change) lets the
+// next change go out at once; expensive runs (a burst on a large cluster)
+// coalesce up to minInterval, so at most 1/busyFactor of the time is spent
+// running while changes keep coming.
 type runner struct {
 	fn              func(periodic bool) error
 	min, max, retry time.Duration
@@ -17,6 +22,9 @@ type runner struct {
 	req             chan struct{}
 	onIdle          func() // test hook: the loop is about to wait
 }
+
+// busyFactor: see runner.
+const busyFactor = 4
 
 func newRunner(fn func(periodic bool) error, min, max, retry time.Duration, clk clock.Clock) *runner {
 	return &runner{fn: fn, min: min, max: max, retry: retry, clk: clk, req: make(chan struct{}, 1)}
@@ -33,6 +41,7 @@ func (r *runner) Run() {
 // loop runs until ctx is done.
 func (r *runner) loop(ctx context.Context) {
 	var last time.Time // zero: the first request runs at once
+	var gap time.Duration
 	lastAttempt := r.clk.Now()
 	timer := r.clk.NewTimer(r.max)
 	defer timer.Stop()
@@ -58,14 +67,16 @@ func (r *runner) loop(ctx context.Context) {
 		}
 		now := r.clk.Now()
 		if !last.IsZero() {
-			if wait := last.Add(r.min).Sub(now); wait > 0 {
+			if wait := last.Add(gap).Sub(now); wait > 0 {
 				reset(wait)
 				continue
 			}
 		}
 		periodic := now.Sub(lastAttempt) >= r.max
 		last, lastAttempt = now, now
-		if err := r.fn(periodic); err != nil {
+		err := r.fn(periodic)
+		gap = min(r.min, busyFactor*r.clk.Since(now))
+		if err != nil {
 			reset(max(r.retry, r.min))
 			continue
 		}

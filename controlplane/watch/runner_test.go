@@ -23,6 +23,8 @@ type harness struct {
 	runs chan runRecord
 	idle chan struct{}
 	fail chan error
+	// runTime is how long each run takes on the fake clock.
+	runTime time.Duration
 }
 
 func newHarness(t *testing.T) *harness {
@@ -30,6 +32,7 @@ func newHarness(t *testing.T) *harness {
 		runs: make(chan runRecord, 10), idle: make(chan struct{}, 100), fail: make(chan error, 10)}
 	h.r = newRunner(func(periodic bool) error {
 		h.runs <- runRecord{h.clk.Now(), periodic}
+		h.clk.Step(h.runTime)
 		select {
 		case err := <-h.fail:
 			return err
@@ -81,6 +84,7 @@ func (h *harness) expectNoRun() {
 
 func TestRunnerMinInterval(t *testing.T) {
 	h := newHarness(t)
+	h.runTime = 30 * time.Millisecond // 4 x 30 ms > MinInterval: coalesce for all of it
 	h.r.Run()
 	first := h.expectRun(false) // first request runs at once
 
@@ -90,8 +94,8 @@ func TestRunnerMinInterval(t *testing.T) {
 	h.r.Run()
 	h.waitIdle()
 	h.expectNoRun()
-	h.clk.Step(99 * time.Millisecond)
-	h.expectNoRun() // nothing ran: the timer is not due yet (checked after the step's timer sweep)
+	h.clk.Step(69 * time.Millisecond) // the run itself took 30
+	h.expectNoRun()                   // nothing ran: the timer is not due yet (checked after the step's timer sweep)
 	h.clk.Step(time.Millisecond)
 	second := h.expectRun(false)
 	if d := second.at.Sub(first.at); d != 100*time.Millisecond {
@@ -113,4 +117,30 @@ func TestRunnerPeriodicAndRetry(t *testing.T) {
 	h.expectNoRun()
 	h.clk.Step(time.Millisecond)
 	h.expectRun(false) // retried after RetryInterval
+}
+
+// A cheap run does not hold the next change for MinInterval: the gap is
+// busyFactor times the run's duration.
+func TestRunnerAdaptiveGap(t *testing.T) {
+	h := newHarness(t)
+	h.runTime = 2 * time.Millisecond
+	h.r.Run()
+	first := h.expectRun(false)
+	h.r.Run()
+	h.waitIdle()
+	h.expectNoRun()
+	h.clk.Step(5 * time.Millisecond) // 2 ms run + 5 ms: before the 8 ms gap
+	h.expectNoRun()
+	h.clk.Step(time.Millisecond)
+	second := h.expectRun(false)
+	if d := second.at.Sub(first.at); d != 4*h.runTime {
+		t.Fatalf("second run %v after the first, want %v (busyFactor x run time)", d, 4*h.runTime)
+	}
+	// A change long after a cheap run goes at once.
+	h.clk.Step(time.Second) // no timer is due: the loop stays waiting
+	h.r.Run()
+	third := h.expectRun(false)
+	if d := third.at.Sub(second.at); d != time.Second+h.runTime {
+		t.Fatalf("idle request ran %v after the previous run, want at once", d)
+	}
 }

@@ -69,7 +69,10 @@ type PendingSink interface {
 
 // Options tune the watcher; zero values take the defaults.
 type Options struct {
-	MinInterval   time.Duration // default 100ms: at most one batch per MinInterval
+	// MinInterval (default 100ms) is the longest wait between two batches
+	// while changes keep coming; after a cheap batch the wait is 4x its
+	// duration (see runner), so an idle control plane sends at once.
+	MinInterval   time.Duration
 	MaxInterval   time.Duration // default 1h: a (periodic) batch at least this often
 	RetryInterval time.Duration // default 1s: after a failed Apply
 	Clock         clock.WithTicker
