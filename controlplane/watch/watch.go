@@ -61,7 +61,8 @@ type Sink interface {
 // PendingSink is a Sink that spreads work over several Apply calls (the
 // engine checks a periodic resync in chunks, so real changes never wait
 // behind all of it). While Pending reports true the watcher calls Apply
-// again after MinInterval, with whatever changes arrived (maybe none).
+// again after the coalescing gap (at most MinInterval), with whatever
+// changes arrived (maybe none).
 type PendingSink interface {
 	Sink
 	Pending() bool
@@ -245,7 +246,7 @@ func (w *Watcher) sync(periodic bool) error {
 		return err
 	}
 	if w.sinkPending() {
-		w.runner.Run() // the next chunk, after MinInterval
+		w.runner.Run() // the next chunk, after the coalescing gap
 	}
 	return nil
 }
