@@ -15,26 +15,43 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// maybeSend computes the next Delta and queues it for the sender if flow
-// control allows and there is something to send (or the first Delta is
-// still due). It never blocks: at most MaxInFlight Deltas are queued or in
-// gRPC, and the queue holds that many.
+// maybeSend queues the next Deltas while flow control allows and there is
+// something to send (or the first Delta is still due). It never blocks: at
+// most MaxInFlight Deltas are queued or in gRPC, and the queue holds that
+// many.
 func (ss *session) maybeSend() error {
-	if len(ss.inflight) >= ss.s.opts.MaxInFlight {
-		return nil // coalesce: dirty keeps growing until an Ack frees a slot
+	for len(ss.inflight) < ss.s.opts.MaxInFlight && (ss.needFull || len(ss.dirty) > 0) {
+		queued, err := ss.sendNext()
+		if err != nil || !queued {
+			return err
+		}
 	}
-	if !ss.needFull && len(ss.dirty) == 0 {
-		return nil
-	}
+	return nil // otherwise coalesce: dirty keeps growing until an Ack frees a slot
+}
+
+// sendNext computes the next Delta from the pending work and queues it;
+// it reports whether it queued one.
+//
+// A Delta carries whole resources, in name order, up to the stream's budget
+// (applyRate) of estimated kernel work, so a burst reaches the agent as
+// Deltas it applies in about TargetApplyTime each instead of one that
+// everything waits behind. What does not fit stays dirty and is read again
+// next time, so a name changed meanwhile goes out at its newest version.
+// Removals ride only with the last of the pending upserts: an upsert may
+// replace what a removal takes away (a Service recreated under another name
+// with the same ClusterIP), so the node never lacks both. Every Delta thus
+// leaves the node at a prefix of a complete state.
+func (ss *session) sendNext() (bool, error) {
 	var upserts []*vsplanev1.Resource
 	var removed []string
 	var sysVersion string
-	if ss.needFull {
+	full := ss.needFull
+	if full {
 		// First Delta, or the node (re)appeared: compare everything desired
 		// with everything the agent holds.
 		res, sv, ok := ss.s.src.List(ss.node)
 		if !ok {
-			return ss.nodeUnknown()
+			return false, ss.nodeUnknown()
 		}
 		ss.nodeKnown()
 		sysVersion = sv
@@ -54,11 +71,11 @@ func (ss *session) maybeSend() error {
 			upserts, removed = ss.decide(name, r, found, upserts, removed)
 		}
 	} else {
-		// Incremental: O(changed names), one consistent read.
+		// Incremental: O(pending names), one consistent read.
 		names := slices.Sorted(maps.Keys(ss.dirty))
 		found, sv, ok := ss.s.src.Lookup(ss.node, names)
 		if !ok {
-			return ss.nodeUnknown()
+			return false, ss.nodeUnknown()
 		}
 		sysVersion = sv
 		byName := make(map[string]*vsplanev1.Resource, len(found))
@@ -73,10 +90,32 @@ func (ss *session) maybeSend() error {
 	clear(ss.dirty)
 	ss.needFull = false
 	if len(upserts) == 0 && len(removed) == 0 && ss.firstSent {
-		return nil
+		return false, nil
 	}
-	ss.queue(upserts, removed, sysVersion)
-	return nil
+	budget := ss.rate.budget()
+	n, cost := fit(upserts, budget)
+	if n < len(upserts) {
+		if full && !ss.firstSent && len(removed) > 0 {
+			// The agent holds back a first Delta after (re)connect that
+			// removes most of its Services (dataplane/client removal.go).
+			// Splitting would defer the removals past the first Delta and
+			// so past that guard: a first Delta with removals goes whole.
+			// A cold start (nothing removed) is split like any burst.
+			for _, r := range upserts[n:] {
+				cost += ResourceCost(r)
+			}
+		} else {
+			for _, r := range upserts[n:] {
+				ss.dirty[r.GetName()] = struct{}{}
+			}
+			for _, name := range removed {
+				ss.dirty[name] = struct{}{}
+			}
+			upserts, removed = upserts[:n], nil
+		}
+	}
+	ss.queue(upserts, removed, sysVersion, cost, budget)
+	return true, nil
 }
 
 // nodeUnknown handles a node absent from the Source: nothing is sent or
@@ -140,7 +179,8 @@ func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
 }
 
 // queue records a Delta as in flight and hands it to the sender goroutine.
-func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVersion string) {
+// cost and budget are for the log only.
+func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVersion string, cost, budget int) {
 	ss.nonce++
 	d := &inflightDelta{
 		nonce:    strconv.FormatUint(ss.nonce, 10),
@@ -181,7 +221,8 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 	ss.inflight = append(ss.inflight, d)
 	ss.firstSent = true
 	ss.log.Debug("sent delta", zap.String("nonce", d.nonce), zap.Int("resources", len(upserts)),
-		zap.Int("removed", len(removed)))
+		zap.Int("removed", len(removed)), zap.Int("cost", cost), zap.Int("budget", budget),
+		zap.Int("pending", len(ss.dirty)))
 	if h := ss.s.hooks.OnDeltaSent; h != nil {
 		h(ss.node, delta)
 	}

@@ -12,16 +12,30 @@
 //   - After Hello the server subscribes to the node, then sends the first Delta:
 //     the resources whose desired version differs from the Hello's
 //     resource_versions, plus the names the agent holds that are no longer
-//     desired (removed). This first Delta is ALWAYS sent for a known node, even
-//     when it carries nothing: an empty first Delta means "you are in sync".
+//     desired (removed); if that is more than one Delta's budget and removes
+//     nothing, the rest follows in further Deltas (see below). This first
+//     Delta is ALWAYS sent for a known node, even when it carries nothing:
+//     an empty first Delta means "you are in sync".
 //     replace_all is never set; removals are always explicit.
 //   - If the node is unknown to the Source, the stream stays open and nothing
 //     is sent (the agent stays fail-static) until the node appears; then a
 //     full diff is sent. If a known node disappears, nothing is removed; the
 //     next appearance triggers a full diff again.
 //   - Afterwards every Subscription signal adds names to a dirty set. At most
-//     MaxInFlight Deltas are unacknowledged; while waiting, changes coalesce,
-//     so a slow agent gets fewer, larger Deltas.
+//     MaxInFlight Deltas are unacknowledged; while waiting, changes coalesce.
+//   - Deltas are bounded: pending work goes out in Deltas of whole
+//     resources, in name order, up to a budget of estimated kernel work
+//     (ResourceCost; a resource larger than the budget goes alone). The
+//     budget is the agent's measured rate (Ack kernel_operations over
+//     apply_duration) times TargetApplyTime, within [MinDeltaOps,
+//     MaxDeltaOps]; InitialDeltaOps before any measurement. What does not
+//     fit stays pending and is read again for the next Delta (a change
+//     meanwhile is sent at its newest version). Removals go only with the
+//     last of the pending upserts (an upsert may replace what a removal
+//     takes away), so every Delta leaves the node at a prefix of a complete
+//     state; removals alone go at once. The first Delta of a stream is
+//     split only if it removes nothing: the agent's mass-removal guard
+//     judges that Delta alone, so it must carry every removal.
 //   - A name is sent when its desired version differs from the version last
 //     sent on this stream (or reported in Hello). A NACKed version is
 //     remembered and not resent until the desired version changes. A NACK
@@ -62,8 +76,20 @@ type Options struct {
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
 	// MaxInFlight is the number of Deltas that may be unacknowledged at once;
-	// 0 means 1.
+	// 0 means 1. With 2, the agent finds the next bounded Delta waiting when
+	// it acknowledges one, instead of idling for a round trip.
 	MaxInFlight int
+	// TargetApplyTime is how long one Delta should take an agent to apply;
+	// 0 means DefaultTargetApplyTime. A node's pending work goes out in
+	// Deltas of at most its agent's measured rate (kernel operations per
+	// second, from its Acks) times this, in ResourceCost units, so no change
+	// waits long behind a Delta in flight.
+	TargetApplyTime time.Duration
+	// MinDeltaOps and MaxDeltaOps clamp that budget; 0 means
+	// DefaultMinDeltaOps and DefaultMaxDeltaOps. A MinDeltaOps above
+	// MaxDeltaOps is lowered to it. Before its first usable Ack a stream
+	// uses InitialDeltaOps.
+	MinDeltaOps, MaxDeltaOps int
 	// HelloTimeout bounds the wait for the first message; 0 means 30s.
 	HelloTimeout time.Duration
 	// AckTimeout: a Delta unacknowledged this long closes its stream with
@@ -124,6 +150,16 @@ func NewServer(src Source, opts Options) *Server {
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 1
 	}
+	if opts.TargetApplyTime <= 0 {
+		opts.TargetApplyTime = DefaultTargetApplyTime
+	}
+	if opts.MinDeltaOps <= 0 {
+		opts.MinDeltaOps = DefaultMinDeltaOps
+	}
+	if opts.MaxDeltaOps <= 0 {
+		opts.MaxDeltaOps = DefaultMaxDeltaOps
+	}
+	opts.MinDeltaOps = min(opts.MinDeltaOps, opts.MaxDeltaOps)
 	if opts.HelloTimeout <= 0 {
 		opts.HelloTimeout = 30 * time.Second
 	}

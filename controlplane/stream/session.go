@@ -59,6 +59,8 @@ type session struct {
 	unknownSince time.Time
 	nonce        uint64
 	inflight     []*inflightDelta
+	// rate sizes Deltas from this agent's Acks.
+	rate *applyRate
 }
 
 // accept reads and validates the Hello, checks it against the stream's
@@ -127,6 +129,7 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		sendq: make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
 		sent:  held, nacked: map[string]string{}, dirty: map[string]struct{}{},
 		needFull: true,
+		rate:     newApplyRate(s.opts.TargetApplyTime, s.opts.MinDeltaOps, s.opts.MaxDeltaOps),
 	}, nil
 }
 
@@ -357,6 +360,7 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		return err
 	}
 	ss.inflight = slices.Delete(ss.inflight, idx, idx+1)
+	ss.rate.observe(kernelOps(ack), ack.GetApplyDuration().AsDuration())
 
 	failed := map[string]*vsplanev1.ResourceError{}
 	unnamed := false

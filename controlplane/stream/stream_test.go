@@ -43,7 +43,13 @@ func newEnvOpts(t *testing.T, realSocket bool, opts stream.Options) *env {
 	e := &env{t: t, src: streamtest.New(), acks: make(chan stream.AckEvent, 100)}
 	var src stream.Source = e.src
 	opts.Logger = zaptest.NewLogger(t)
-	opts.Hooks.OnAck = func(ev stream.AckEvent) { e.acks <- ev }
+	onAck := opts.Hooks.OnAck
+	opts.Hooks.OnAck = func(ev stream.AckEvent) {
+		if onAck != nil {
+			onAck(ev)
+		}
+		e.acks <- ev
+	}
 	e.srv = stream.NewServer(src, opts)
 	gs, err := grpcserver.New(grpcserver.Options{Logger: zaptest.NewLogger(t)}, func(r grpc.ServiceRegistrar) {
 		vsplanev1.RegisterAgentServiceServer(r, e.srv)

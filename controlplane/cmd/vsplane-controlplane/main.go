@@ -45,7 +45,7 @@ func run() error {
 		kubeconfig    = flag.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
 		listen        = flag.String("listen", ":18000", "gRPC address (agent stream, inspection, health, reflection)")
 		metricsAddr   = flag.String("metrics-address", "127.0.0.1:18001", "address for /metrics; empty disables")
-		minSync       = flag.Duration("min-sync-interval", 100*time.Millisecond, "minimum interval between recomputations")
+		minSync       = flag.Duration("min-sync-interval", 100*time.Millisecond, "longest coalescing wait between recomputations while changes keep coming (a cheap recomputation waits 4x its duration)")
 		maxSync       = flag.Duration("max-sync-interval", time.Hour, "maximum interval between recomputations (periodic resync)")
 		scheduler     = flag.String("scheduler", wire.DefaultScheduler, "default IPVS scheduler")
 		tcpTimeout    = flag.Duration("ipvs-tcp-timeout", 0, "IPVS TCP timeout; 0 leaves the kernel's value")
@@ -76,6 +76,10 @@ func run() error {
 		ackTimeout    = flag.Duration("ack-timeout", stream.DefaultAckTimeout, "close an agent stream whose Delta stays unacknowledged this long")
 		unknownWait   = flag.Duration("unknown-node-timeout", stream.DefaultUnknownNodeTimeout, "close the stream of an agent whose node is not in the cluster after this long")
 		unknownMax    = flag.Int("max-unknown-node-streams", stream.DefaultMaxUnknownNodeStreams, "at most this many streams may wait for nodes that are not in the cluster")
+		maxInFlight   = flag.Int("max-inflight-deltas", 2, "Deltas an agent may have unacknowledged at once (2: the next one waits at the agent while it applies one)")
+		deltaTarget   = flag.Duration("delta-target-apply-time", stream.DefaultTargetApplyTime, "size each Delta so its agent applies it in about this long, from the kernel-operation rate the agent reports")
+		deltaMinOps   = flag.Int("min-delta-ops", stream.DefaultMinDeltaOps, "smallest Delta budget (estimated kernel operations), however slow the agent")
+		deltaMaxOps   = flag.Int("max-delta-ops", stream.DefaultMaxDeltaOps, "largest Delta budget (estimated kernel operations), however fast the agent")
 		debug         = flag.Bool("debug", false, "debug logging")
 	)
 	flag.Parse()
@@ -112,6 +116,15 @@ func run() error {
 	if *masqBit > 31 {
 		return fmt.Errorf("--masquerade-bit %d: must be 0..31", *masqBit)
 	}
+	if *maxInFlight < 1 {
+		return fmt.Errorf("--max-inflight-deltas %d: must be at least 1", *maxInFlight)
+	}
+	if *deltaTarget <= 0 {
+		return fmt.Errorf("--delta-target-apply-time %v: must be positive", *deltaTarget)
+	}
+	if *deltaMinOps < 1 || *deltaMaxOps < *deltaMinOps {
+		return fmt.Errorf("--min-delta-ops %d, --max-delta-ops %d: want 1 <= min <= max", *deltaMinOps, *deltaMaxOps)
+	}
 
 	var restCfg *rest.Config
 	if *kubeconfig != "" {
@@ -139,7 +152,8 @@ func run() error {
 		Translate:    tcfg,
 		Logger:       log,
 		Stream: stream.Options{AckTimeout: *ackTimeout, UnknownNodeTimeout: *unknownWait,
-			MaxUnknownNodeStreams: *unknownMax},
+			MaxUnknownNodeStreams: *unknownMax, MaxInFlight: *maxInFlight, TargetApplyTime: *deltaTarget,
+			MinDeltaOps: *deltaMinOps, MaxDeltaOps: *deltaMaxOps},
 		MaxConnectionAge:      *connAge,
 		MaxConnectionAgeGrace: *connAgeGrace,
 	}
