@@ -12,6 +12,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/auth"
+	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
@@ -83,6 +85,12 @@ type Options struct {
 	// extra flags for every replica.
 	Replicas    int
 	ReplicaArgs []string
+	// StreamHooks observe the in-process replica's agent streams (e.g. each
+	// Ack, for end-to-end latency); unused with Replicas.
+	StreamHooks stream.Hooks
+	// MinSyncInterval is the in-process replica's watch.Options.MinInterval
+	// (default 50ms).
+	MinSyncInterval time.Duration
 	// Kube configures etcd + kube-apiserver.
 	Kube kubeenv.Options
 	// VMBootTimeout bounds the guest build and boot (default 5 minutes: TCG on a busy host).
@@ -271,7 +279,8 @@ func (c *Cluster) startReplica(opts Options, log *zap.Logger) error {
 		RolloutLease: SystemNamespace + "/vsplane-rollout-leader",
 		RolloutTiming: &app.RolloutTiming{LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second,
 			RetryPeriod: 500 * time.Millisecond, Interval: 500 * time.Millisecond},
-		Watch: watch.Options{MinInterval: 50 * time.Millisecond},
+		Watch:  watch.Options{MinInterval: cmp.Or(opts.MinSyncInterval, 50*time.Millisecond)},
+		Stream: stream.Options{Hooks: opts.StreamHooks},
 		// The pod CIDRs are the cluster CIDRs: traffic from the client (a node-
 		// network address) to a ClusterIP is then masqueraded like kube-proxy
 		// does for off-cluster sources, so replies from other nodes' pods come
