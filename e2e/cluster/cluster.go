@@ -12,7 +12,6 @@
 package cluster
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -88,9 +87,6 @@ type Options struct {
 	// StreamHooks observe the in-process replica's agent streams (e.g. each
 	// Ack, for end-to-end latency); unused with Replicas.
 	StreamHooks stream.Hooks
-	// MinSyncInterval is the in-process replica's watch.Options.MinInterval
-	// (default 50ms).
-	MinSyncInterval time.Duration
 	// Kube configures etcd + kube-apiserver.
 	Kube kubeenv.Options
 	// VMBootTimeout bounds the guest build and boot (default 5 minutes: TCG on a busy host).
@@ -279,7 +275,7 @@ func (c *Cluster) startReplica(opts Options, log *zap.Logger) error {
 		RolloutLease: SystemNamespace + "/vsplane-rollout-leader",
 		RolloutTiming: &app.RolloutTiming{LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second,
 			RetryPeriod: 500 * time.Millisecond, Interval: 500 * time.Millisecond},
-		Watch:  watch.Options{MinInterval: cmp.Or(opts.MinSyncInterval, 50*time.Millisecond)},
+		Watch:  watch.Options{MinInterval: 50 * time.Millisecond},
 		Stream: stream.Options{Hooks: opts.StreamHooks},
 		// The pod CIDRs are the cluster CIDRs: traffic from the client (a node-
 		// network address) to a ClusterIP is then masqueraded like kube-proxy
