@@ -30,12 +30,12 @@ type IPVSOptions struct {
 // IPVS drives the kernel's IPVS table through moby/ipvs. moby handles are
 // not goroutine-safe, so every call holds mu.
 type IPVS struct {
-	mu   sync.Mutex
-	h    *ipvs.Handle
+	mu sync.Mutex
+	h  *ipvs.Handle
 	// batch carries Apply: many writes per syscall (moby sends one).
 	batch *ipvsBatcher
-	opts IPVSOptions
-	log  *zap.Logger
+	opts  IPVSOptions
+	log   *zap.Logger
 }
 
 var _ kernel.IPVS = (*IPVS)(nil)
