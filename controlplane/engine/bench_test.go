@@ -127,6 +127,7 @@ func BenchmarkEndpointChange(b *testing.B) {
 	b.ReportMetric(float64(c.heapBytes)/benchNodes, "state-heap-bytes/node")
 	b.ReportMetric(float64(st.Distinct), "distinct-values")
 	b.ReportMetric(float64(st.Slots), "node-slots")
+	b.ReportMetric(float64(st.Exceptions), "per-node-exceptions")
 	b.ReportMetric(c.setupTook.Seconds(), "initial-sync-s")
 }
 

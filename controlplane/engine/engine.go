@@ -64,6 +64,8 @@ type Engine struct {
 	reached   []reached
 	conflicts *conflicts
 	batch     snapshot.Batch
+	// pooled: the Services whose partPool this Apply created.
+	pooled []*serviceEntry
 	// resync: Services the current periodic self-check has still to redo.
 	resync []model.ServiceKey
 
@@ -86,6 +88,9 @@ type serviceEntry struct {
 	// shared caches one resource per variant key nodes share (every key
 	// but "node/..."); reset whenever the Service is recomputed.
 	shared map[string]*vsplanev1.Resource
+	// parts shares equal sub-messages among the variants one Apply builds
+	// (share.go); dropped at the end of the Apply.
+	parts *partPool
 	// rolloutVersion identifies the rollouts in.Rollouts was derived from.
 	rolloutVersion string
 }
@@ -162,6 +167,13 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		w.markDirty(key, time.Time{})
 	}
 	changed := e.write(w)
+	// The pools served this Apply's variants; kept, they would cost more
+	// than the sharing they could still bring to a later one.
+	for _, se := range e.pooled {
+		se.parts = nil
+	}
+	clear(e.pooled)
+	e.pooled = e.pooled[:0]
 
 	e.applySeconds.Observe(time.Since(start).Seconds())
 	if e.log.Core().Enabled(zap.DebugLevel) {
@@ -355,7 +367,7 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 	se := e.services[k]
 	if se == nil || se.svc == nil {
 		if se != nil {
-			se.in, se.variants, se.shared = translate.Input{}, translate.Variants{}, nil
+			se.in, se.variants, se.shared, se.parts = translate.Input{}, translate.Variants{}, nil, nil
 			se.conflictProblems = nil
 		}
 		for n := range e.nodes {
@@ -366,7 +378,7 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 		return
 	}
 	e.derive(se)
-	se.shared = nil
+	se.shared, se.parts = nil, nil
 	for n, ne := range e.nodes {
 		if _, ok := skip[n]; ok {
 			continue
@@ -422,8 +434,14 @@ func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource
 	if r, ok := se.shared[key]; ok && shared {
 		return r
 	}
-	r, err := snapshot.NewServiceResource(translate.Service(se.in, n, e.cfg.Translate))
+	st := translate.Service(se.in, n, e.cfg.Translate)
 	e.translations.Inc()
+	if se.parts == nil {
+		se.parts = &partPool{}
+		e.pooled = append(e.pooled, se)
+	}
+	se.parts.share(st)
+	r, err := snapshot.NewServiceResource(st)
 	if err != nil {
 		// Only a proto encoding failure can get here; record it loudly.
 		e.log.Error("building service resource failed", zap.Stringer("service", se.svc.Key), zap.String("node", n.Name), zap.Error(err))

@@ -12,9 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
+	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -417,5 +419,35 @@ func TestPeriodicResyncInChunks(t *testing.T) {
 	}
 	if _, ok := st.Get("n1", "service/ns/e"); !ok {
 		t.Error("resync did not restore the damaged resource")
+	}
+}
+
+// A node hosting an endpoint gets its own variant, but the parts equal to
+// another variant's are the same messages (memory), and its content is
+// exactly what a translation for that node alone gives.
+func TestVariantsShareEqualParts(t *testing.T) {
+	e, st, _ := newEngine(t)
+	c := changes()
+	for _, n := range []string{"n1", "n2", "n3"} {
+		addNode(c, n)
+	}
+	setService(c, "web", "198.18.0.10", time.Unix(50, 0))
+	setSlice(c, "web", "web-1", time.Unix(40, 0), ready("198.19.1.5", "n1"), ready("198.19.2.5", "n2"), ready("198.19.3.5", "n2"))
+	apply(t, e, c)
+	const name = "service/ns/web"
+	r1, r3 := get(t, st, "n1", name).GetService(), get(t, st, "n3", name).GetService()
+	vs1, vs3 := r1.VirtualServers[0], r3.VirtualServers[0]
+	if vs1 == vs3 {
+		t.Fatal("n1's virtual server marks its endpoint local; it cannot be n3's")
+	}
+	if !vs1.RealServers[0].Local || vs1.RealServers[1] != vs3.RealServers[1] || vs1.RealServers[2] != vs3.RealServers[2] {
+		t.Errorf("n1: local endpoint not its own, or remote endpoints not shared with n3: %v", vs1.RealServers)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		se := e.services[model.ServiceKey{Namespace: "ns", Name: "web"}]
+		want := translate.Service(se.in, e.nodes[n].node, e.cfg.Translate)
+		if got := get(t, st, n, name).GetService(); !proto.Equal(got, want) {
+			t.Errorf("%s: shared variant differs from its own translation:\n got %v\nwant %v", n, got, want)
+		}
 	}
 }

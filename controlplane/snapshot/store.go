@@ -1,10 +1,13 @@
 // Package snapshot is the per-node versioned store of desired state.
 //
-// Each known node has a map name -> *vsplanev1.Resource. Resource versions are
+// Each known node holds a set of resources by name. Resource versions are
 // content hashes of the body (deterministic proto encoding, sha256), so equal
 // content has an equal version on every replica. Identical resources are one
 // value in memory: the store interns them by (name, version) with reference
-// counts, and drops an entry when no node holds it any more.
+// counts, and drops an entry when no node holds it any more. Who holds what is
+// kept per name, not per node (holdings.go): one common value and a bitset of
+// the nodes holding it, plus per-node exceptions, so memory grows with
+// Services + exceptions, not Services × nodes.
 //
 // The engine writes through Commit (one lock per batch); the stream server
 // reads through Subscribe/List/Get/TriggerTime (stream.Source states that
@@ -28,6 +31,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -92,18 +96,15 @@ type slot struct {
 	trigger int64 // unix nanoseconds; 0 = unknown
 }
 
-type nodeState struct {
-	res map[string]slot
-	sys [16]byte // XOR of the pair hashes of all resources
-}
-
-func newNodeState() *nodeState { return &nodeState{res: map[string]slot{}} }
-
 // Store is the per-node desired state. All methods are safe for concurrent use.
 type Store struct {
 	mu     sync.RWMutex
 	intern map[internKey]*internEntry
-	nodes  map[string]*nodeState
+	// names, states and freeIDs store who holds what (holdings.go).
+	names   map[string]*nameState
+	states  []*nodeState // by id; nil: free
+	freeIDs []int
+	nodes   map[string]*nodeState
 	// staged holds the states being filled for nodes (see StageNode); never read by readers.
 	staged map[string]*nodeState
 	subs   map[string]map[*subscription]struct{}
@@ -125,6 +126,7 @@ func NewStore() *Store { return NewStoreWithOptions(Options{}) }
 func NewStoreWithOptions(opts Options) *Store {
 	return &Store{
 		intern: map[internKey]*internEntry{},
+		names:  map[string]*nameState{},
 		nodes:  map[string]*nodeState{},
 		staged: map[string]*nodeState{},
 		subs:   map[string]map[*subscription]struct{}{},
@@ -213,28 +215,27 @@ func (s *Store) Commit(b *Batch) CommitStats {
 		switch o.kind {
 		case opAddNode:
 			if _, ok := s.nodes[o.node]; !ok {
-				s.nodes[o.node] = newNodeState()
+				s.nodes[o.node] = s.newState()
 			}
 		case opRemoveNode:
 			if ns, ok := s.staged[o.node]; ok {
-				s.releaseAll(ns)
+				s.dropState(ns)
 				delete(s.staged, o.node)
 			}
 			ns, ok := s.nodes[o.node]
 			if !ok {
 				continue
 			}
-			for name := range ns.res {
-				changed[o.node] = append(changed[o.node], name)
-			}
-			s.releaseAll(ns)
+			held := s.heldNames(ns)
+			changed[o.node] = append(changed[o.node], held...)
+			s.dropState(ns)
 			delete(s.nodes, o.node)
-			st.Changed += len(ns.res)
+			st.Changed += len(held)
 		case opStageNode:
 			if ns, ok := s.staged[o.node]; ok {
-				s.releaseAll(ns)
+				s.dropState(ns)
 			}
-			s.staged[o.node] = newNodeState()
+			s.staged[o.node] = s.newState()
 		case opPublishNode:
 			n := s.publish(o.node, changed)
 			st.Changed += n
@@ -287,34 +288,40 @@ func (s *Store) target(node string) (ns *nodeState, published bool) {
 // set makes res ns's resource res.Name; reports whether the version changed.
 func (s *Store) set(ns *nodeState, res *vsplanev1.Resource, trigger time.Time) bool {
 	name := res.GetName()
-	old, had := ns.res[name]
+	old, had := s.get(ns, name)
 	if had && old.e.res.GetVersion() == res.GetVersion() {
 		return false
 	}
 	e := s.acquire(res)
 	if had {
-		xor(&ns.sys, &old.e.pair)
-		s.release(old.e)
+		s.unhold(ns, name, s.names[name])
 	}
-	xor(&ns.sys, &e.pair)
 	var trig int64
 	if !trigger.IsZero() {
 		trig = trigger.UnixNano()
 	}
-	ns.res[name] = slot{e: e, trigger: trig}
+	s.hold(ns, name, slot{e: e, trigger: trig})
 	return true
 }
 
 // delete removes ns's resource name; reports whether it was there.
 func (s *Store) delete(ns *nodeState, name string) bool {
-	old, had := ns.res[name]
-	if !had {
+	if _, had := s.get(ns, name); !had {
 		return false
 	}
-	xor(&ns.sys, &old.e.pair)
-	s.release(old.e)
-	delete(ns.res, name)
+	s.unhold(ns, name, s.names[name])
 	return true
+}
+
+// heldNames returns the names ns holds (unsorted). O(names).
+func (s *Store) heldNames(ns *nodeState) []string {
+	out := make([]string, 0, ns.held)
+	for name := range s.names {
+		if _, ok := s.get(ns, name); ok {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // publish swaps node's staged state in, records the names that differ from
@@ -330,36 +337,29 @@ func (s *Store) publish(node string, changed map[string][]string) int {
 	prev := s.nodes[node]
 	s.nodes[node] = next
 	if prev == nil {
-		for name := range next.res {
-			changed[node] = append(changed[node], name)
-		}
-		return len(next.res)
+		held := s.heldNames(next)
+		changed[node] = append(changed[node], held...)
+		return len(held)
 	}
 	n := 0
-	for name, sl := range next.res {
-		old, had := prev.res[name]
-		if had && old.e == sl.e {
-			sl.trigger = old.trigger
-			next.res[name] = sl
+	for _, name := range slices.Collect(maps.Keys(s.names)) {
+		was, had := s.get(prev, name)
+		now, has := s.get(next, name)
+		if had && has && was.e == now.e {
+			if now.trigger != was.trigger {
+				now.e.refs++ // kept by prev meanwhile; hold takes it over
+				s.unhold(next, name, s.names[name])
+				s.hold(next, name, slot{e: now.e, trigger: was.trigger})
+			}
 			continue
 		}
-		changed[node] = append(changed[node], name)
-		n++
-	}
-	for name := range prev.res {
-		if _, ok := next.res[name]; !ok {
+		if had || has {
 			changed[node] = append(changed[node], name)
 			n++
 		}
 	}
-	s.releaseAll(prev)
+	s.dropState(prev)
 	return n
-}
-
-func (s *Store) releaseAll(ns *nodeState) {
-	for _, sl := range ns.res {
-		s.release(sl.e)
-	}
 }
 
 // acquire returns the shared entry for res, creating it (with res itself as
@@ -399,9 +399,11 @@ func (s *Store) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	if !ok {
 		return nil, "", false
 	}
-	out := make([]*vsplanev1.Resource, 0, len(ns.res))
-	for _, sl := range ns.res {
-		out = append(out, sl.e.res)
+	out := make([]*vsplanev1.Resource, 0, ns.held)
+	for name := range s.names {
+		if sl, ok := s.get(ns, name); ok {
+			out = append(out, sl.e.res)
+		}
 	}
 	slices.SortFunc(out, func(a, b *vsplanev1.Resource) int { return cmp.Compare(a.Name, b.Name) })
 	return out, hex.EncodeToString(ns.sys[:]), true
@@ -418,7 +420,7 @@ func (s *Store) Lookup(node string, names []string) ([]*vsplanev1.Resource, stri
 	}
 	out := make([]*vsplanev1.Resource, 0, len(names))
 	for _, n := range names {
-		if sl, ok := ns.res[n]; ok {
+		if sl, ok := s.get(ns, n); ok {
 			out = append(out, sl.e.res)
 		}
 	}
@@ -438,7 +440,7 @@ func (s *Store) Get(node, name string) (*vsplanev1.Resource, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if ns, ok := s.nodes[node]; ok {
-		if sl, ok := ns.res[name]; ok {
+		if sl, ok := s.get(ns, name); ok {
 			return sl.e.res, true
 		}
 	}
@@ -451,7 +453,7 @@ func (s *Store) TriggerTime(node, name string) time.Time {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if ns, ok := s.nodes[node]; ok {
-		if sl, ok := ns.res[name]; ok && sl.trigger != 0 {
+		if sl, ok := s.get(ns, name); ok && sl.trigger != 0 {
 			return time.Unix(0, sl.trigger)
 		}
 	}
@@ -477,6 +479,10 @@ type Stats struct {
 	Slots int
 	// Distinct is the number of distinct shared resource values.
 	Distinct int
+	// Exceptions is the number of (node, resource) pairs stored per node
+	// because the node holds another value than most (holdings.go); the
+	// other Slots cost a bit each.
+	Exceptions int
 }
 
 // Stats returns the store's size.
@@ -485,7 +491,8 @@ func (s *Store) Stats() Stats {
 	defer s.mu.RUnlock()
 	st := Stats{Nodes: len(s.nodes), Distinct: len(s.intern)}
 	for _, ns := range s.nodes {
-		st.Slots += len(ns.res)
+		st.Slots += ns.held
+		st.Exceptions += len(ns.exc)
 	}
 	return st
 }

@@ -1,0 +1,184 @@
+package snapshot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+)
+
+// modelSlot is what the reference model says a node holds for a name.
+type modelSlot struct {
+	version string
+	trigger time.Time
+}
+
+// model is the obvious per-node map the compact holdings must behave like.
+type model struct {
+	published map[string]map[string]modelSlot
+	staged    map[string]map[string]modelSlot
+}
+
+func (m *model) target(node string) (map[string]modelSlot, bool) {
+	if st, ok := m.staged[node]; ok {
+		return st, true
+	}
+	st, ok := m.published[node]
+	return st, ok
+}
+
+// TestHoldingsMatchPerNodeModel drives the store and a plain per-node
+// model with the same random batches (sets of a few values shared by many
+// nodes, node-specific values, deletes, node churn, staging) and compares
+// every node's List, versions, trigger times and system version after each
+// Commit.
+func TestHoldingsMatchPerNodeModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := NewStore()
+	m := &model{published: map[string]map[string]modelSlot{}, staged: map[string]map[string]modelSlot{}}
+	nodes := []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}
+	svcs := []string{"a", "b", "c", "d", "e"}
+	values := map[string]*vsplanev1.Resource{}
+	value := func(svc string, v int) *vsplanev1.Resource {
+		k := fmt.Sprint(svc, v)
+		if r, ok := values[k]; ok {
+			return r
+		}
+		r := svcRes(t, svc, fmt.Sprintf("198.18.0.%d", v+1))
+		values[k] = r
+		return r
+	}
+	for round := range 400 {
+		var b Batch
+		for range 1 + rng.IntN(12) {
+			node := nodes[rng.IntN(len(nodes))]
+			svc := svcs[rng.IntN(len(svcs))]
+			trig := time.Unix(int64(rng.IntN(3)), 0)
+			switch r := rng.IntN(100); {
+			case r < 50: // mostly shared values: 0 or 1
+				res := value(svc, rng.IntN(2))
+				b.Set(node, res, trig)
+				if st, ok := m.target(node); ok {
+					if cur, ok := st[res.Name]; !ok || cur.version != res.Version {
+						st[res.Name] = modelSlot{res.Version, trig}
+					}
+				}
+			case r < 62: // node-specific values
+				res := value(svc, 10+rng.IntN(40))
+				b.Set(node, res, trig)
+				if st, ok := m.target(node); ok {
+					if cur, ok := st[res.Name]; !ok || cur.version != res.Version {
+						st[res.Name] = modelSlot{res.Version, trig}
+					}
+				}
+			case r < 75:
+				name := ServiceName("ns", svc)
+				b.Delete(node, name)
+				if st, ok := m.target(node); ok {
+					delete(st, name)
+				}
+			case r < 80:
+				b.AddNode(node)
+				if _, ok := m.published[node]; !ok {
+					m.published[node] = map[string]modelSlot{}
+				}
+			case r < 84:
+				b.RemoveNode(node)
+				delete(m.published, node)
+				delete(m.staged, node)
+			case r < 92:
+				b.StageNode(node)
+				m.staged[node] = map[string]modelSlot{}
+			default:
+				b.PublishNode(node)
+				if next, ok := m.staged[node]; ok {
+					for name, sl := range next {
+						if old, ok := m.published[node][name]; ok && old.version == sl.version {
+							next[name] = old
+						}
+					}
+					m.published[node] = next
+					delete(m.staged, node)
+				}
+			}
+		}
+		s.Commit(&b)
+		checkAgainstModel(t, round, s, m, nodes)
+	}
+	// Every node to the same values: nothing needs to be stored per node.
+	var b Batch
+	for _, n := range nodes {
+		b.AddNode(n)
+		b.PublishNode(n)
+		for _, svc := range svcs {
+			b.Set(n, value(svc, 7), time.Unix(99, 0))
+		}
+	}
+	s.Commit(&b)
+	if st := s.Stats(); st.Exceptions != 0 {
+		t.Errorf("every node holds the same values, yet %d exceptions are stored: %+v", st.Exceptions, st)
+	}
+}
+
+func checkAgainstModel(t *testing.T, round int, s *Store, m *model, nodes []string) {
+	t.Helper()
+	for _, n := range nodes {
+		want, known := m.published[n]
+		got, sys, ok := s.List(n)
+		if ok != known {
+			t.Fatalf("round %d: node %s known=%v, model says %v", round, n, ok, known)
+		}
+		if !ok {
+			continue
+		}
+		var wantNames []string
+		var x [16]byte
+		for name, sl := range want {
+			wantNames = append(wantNames, name)
+			sum := sha256.Sum256([]byte(name + "\x00" + sl.version))
+			var pair [16]byte
+			copy(pair[:], sum[:16])
+			xor(&x, &pair)
+		}
+		slices.Sort(wantNames)
+		if g := names(got); !slices.Equal(g, wantNames) {
+			t.Fatalf("round %d: node %s lists %v, want %v", round, n, g, wantNames)
+		}
+		for _, r := range got {
+			if r.Version != want[r.Name].version {
+				t.Fatalf("round %d: node %s %s version %s, want %s", round, n, r.Name, r.Version, want[r.Name].version)
+			}
+			if tt := s.TriggerTime(n, r.Name); !tt.Equal(want[r.Name].trigger) && !(tt.IsZero() && want[r.Name].trigger.Unix() == 0) {
+				t.Fatalf("round %d: node %s %s trigger %v, want %v", round, n, r.Name, tt, want[r.Name].trigger)
+			}
+		}
+		if sys != hex.EncodeToString(x[:]) {
+			t.Fatalf("round %d: node %s system version %s, want %s", round, n, sys, hex.EncodeToString(x[:]))
+		}
+	}
+	// Every value is referenced exactly by its holders (published and staged).
+	refs := map[*internEntry]int{}
+	for _, st := range s.states {
+		if st == nil {
+			continue
+		}
+		for name := range s.names {
+			if sl, ok := s.get(st, name); ok {
+				refs[sl.e]++
+			}
+		}
+	}
+	for k, e := range s.intern {
+		if refs[e] != e.refs {
+			t.Fatalf("round %d: %v has %d references, %d holders", round, k, e.refs, refs[e])
+		}
+	}
+	if len(refs) != len(s.intern) {
+		t.Fatalf("round %d: %d values held, %d interned", round, len(refs), len(s.intern))
+	}
+}
