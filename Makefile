@@ -96,9 +96,11 @@ fuzz:
 demo: tools
 	DURATION=$(DURATION) bash scripts/demo.sh
 
-## bench: control-plane (10k Services x 1k nodes) and reconciler benchmarks (measurements, not CI)
+## bench: control-plane (10k Services x 1k nodes) and reconciler benchmarks, and the state-memory
+## sweep (writes bench/results/memory.{json,md,png}) (measurements, not CI; CI runs each at a tiny size)
 bench:
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'EndpointChange' -benchtime 2000x -benchmem
+	$(GO) test ./controlplane/engine -run '^$$' -bench 'StateMemory' -benchtime 1x -timeout 30m
 	$(GO) test ./dataplane/reconcile -run '^$$' -bench 'ApplyOne' -benchtime 2000x -count 5
 
 ## bench-vm: agent apply time on the real kernel in the VM, 1k vs 10k Services, and a 2,000 x 10

@@ -41,59 +41,78 @@ func benchAddr(hi byte, k int) netip.Addr {
 	return netip.AddrFrom4([4]byte{198, hi, byte(k >> 8), byte(k)})
 }
 
-func benchSlice(s, gen int) *model.EndpointSlice {
+func benchSlice(s, gen int) *model.EndpointSlice { return sizedSlice(s, gen, benchEndpoints, benchNodes) }
+
+// sizedSlice is Service s's slice of endpoints addresses, spread over the
+// nodes round-robin; gen shifts the addresses (a change).
+func sizedSlice(s, gen, endpoints, nodes int) *model.EndpointSlice {
 	svc := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}
 	es := &model.EndpointSlice{Key: model.SliceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d-1", s)}, Service: svc, Family: model.IPv4,
 		Ports: []model.EndpointPort{{Name: "http", Protocol: model.TCP, Port: 8080}}}
-	for j := 0; j < benchEndpoints; j++ {
-		k := s*benchEndpoints + j
+	for j := 0; j < endpoints; j++ {
+		k := s*endpoints + j
 		es.Endpoints = append(es.Endpoints, model.Endpoint{
-			Address: benchAddr(19, (k+gen)%65536), NodeName: fmt.Sprintf("node-%d", k%benchNodes), Ready: true, Serving: true,
+			Address: benchAddr(19, (k+gen)%65536), NodeName: fmt.Sprintf("node-%d", k%nodes), Ready: true, Serving: true,
 		})
 	}
 	return es
 }
 
+// builtState is an engine and store holding a generated cluster.
+type builtState struct {
+	eng       *Engine
+	store     *snapshot.Store
+	heapBytes uint64 // heap held by engine+store for the full state
+	took      time.Duration
+}
+
+// buildState applies services ClusterIP Services with endpoints endpoints
+// each, spread over nodes nodes, in one Apply (a replica's initial sync).
+func buildState(tb testing.TB, services, endpoints, nodes int) builtState {
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+
+	st := snapshot.NewStore()
+	eng, err := New(Config{}, st, zap.NewNop())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ch := &watch.Changes{
+		Services: map[model.ServiceKey]watch.Change[model.Service]{},
+		Slices:   map[model.SliceKey]watch.Change[model.EndpointSlice]{},
+		Nodes:    map[string]watch.Change[model.Node]{},
+	}
+	for n := 0; n < nodes; n++ {
+		name := fmt.Sprintf("node-%d", n)
+		ch.Nodes[name] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
+			Name: name, Addresses: []netip.Addr{benchAddr(18, 0xff00+n%256)}}}}
+	}
+	for s := 0; s < services; s++ {
+		k := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}
+		ch.Services[k] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Value: &model.Service{
+			Key: k, ClusterIPs: []netip.Addr{benchAddr(18, s)},
+			Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
+		}}}
+		es := sizedSlice(s, 0, endpoints, nodes)
+		ch.Slices[es.Key] = watch.Change[model.EndpointSlice]{Current: &watch.Observed[model.EndpointSlice]{Value: es}}
+	}
+	if err := eng.Apply(context.Background(), ch); err != nil {
+		tb.Fatal(err)
+	}
+	ch = nil
+	took := time.Since(start)
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	return builtState{eng: eng, store: st, heapBytes: after.HeapAlloc - before.HeapAlloc, took: took}
+}
+
 func benchSetup(b *testing.B) *benchCluster {
 	benchOnce.Do(func() {
-		runtime.GC()
-		var before runtime.MemStats
-		runtime.ReadMemStats(&before)
-		start := time.Now()
-
-		st := snapshot.NewStore()
-		eng, err := New(Config{}, st, zap.NewNop())
-		if err != nil {
-			b.Fatal(err)
-		}
-		ch := &watch.Changes{
-			Services: map[model.ServiceKey]watch.Change[model.Service]{},
-			Slices:   map[model.SliceKey]watch.Change[model.EndpointSlice]{},
-			Nodes:    map[string]watch.Change[model.Node]{},
-		}
-		for n := 0; n < benchNodes; n++ {
-			name := fmt.Sprintf("node-%d", n)
-			ch.Nodes[name] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
-				Name: name, Addresses: []netip.Addr{benchAddr(18, 0xff00+n%256)}}}}
-		}
-		for s := 0; s < benchServices; s++ {
-			k := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}
-			ch.Services[k] = watch.Change[model.Service]{Current: &watch.Observed[model.Service]{Value: &model.Service{
-				Key: k, ClusterIPs: []netip.Addr{benchAddr(18, s)},
-				Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}},
-			}}}
-			es := benchSlice(s, 0)
-			ch.Slices[es.Key] = watch.Change[model.EndpointSlice]{Current: &watch.Observed[model.EndpointSlice]{Value: es}}
-		}
-		if err := eng.Apply(context.Background(), ch); err != nil {
-			b.Fatal(err)
-		}
-		ch = nil
-		took := time.Since(start)
-		runtime.GC()
-		var after runtime.MemStats
-		runtime.ReadMemStats(&after)
-		benchC = &benchCluster{eng: eng, store: st, heapBytes: after.HeapAlloc - before.HeapAlloc, setupTook: took}
+		s := buildState(b, benchServices, benchEndpoints, benchNodes)
+		benchC = &benchCluster{eng: s.eng, store: s.store, heapBytes: s.heapBytes, setupTook: s.took}
 	})
 	if benchC == nil {
 		b.Fatal("setup failed earlier")
