@@ -41,7 +41,9 @@ func benchAddr(hi byte, k int) netip.Addr {
 	return netip.AddrFrom4([4]byte{198, hi, byte(k >> 8), byte(k)})
 }
 
-func benchSlice(s, gen int) *model.EndpointSlice { return sizedSlice(s, gen, benchEndpoints, benchNodes) }
+func benchSlice(s, gen int) *model.EndpointSlice {
+	return sizedSlice(s, gen, benchEndpoints, benchNodes)
+}
 
 // sizedSlice is Service s's slice of endpoints addresses, spread over the
 // nodes round-robin; gen shifts the addresses (a change).
