@@ -346,6 +346,18 @@ func (r *Replica) Run(ctx context.Context) error {
 	if r.cfg.MetricsListener != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(r.Registry, promhttp.HandlerOpts{}))
+		// Plain-HTTP probes for kubelet, whose gRPC probe cannot speak TLS:
+		// /readyz is the gRPC health service's SERVING (synced and the
+		// first full computation committed), /livez that the process serves.
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			select {
+			case <-r.ready:
+				fmt.Fprintln(w, "ok")
+			default:
+				http.Error(w, "not ready: informers syncing or first full computation pending", http.StatusServiceUnavailable)
+			}
+		})
+		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := srv.Serve(r.cfg.MetricsListener); !errors.Is(err, http.ErrServerClosed) {

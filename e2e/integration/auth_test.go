@@ -53,7 +53,7 @@ const sysNS = "vsplane-system"
 func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 	env, kube, ctx := startKubeWith(t, kubeenv.Options{AuthorizationMode: "RBAC"}, "node-a", "node-b")
 	mustCreateService(t, ctx, kube, clusterIPService("default", "web", 80))
-	applyManifest(t, ctx, kube, filepath.Join("..", "..", "deploy", "rbac.yaml"))
+	applyManifest(t, ctx, kube, filepath.Join("..", "..", "deploy", "base", "rbac.yaml"))
 	pods := map[string]*corev1.Pod{}
 	for _, n := range []string{"node-a", "node-b"} {
 		p, err := kube.CoreV1().Pods(sysNS).Create(ctx, &corev1.Pod{

@@ -112,6 +112,8 @@ func TestReplicaFailoverAtScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgB := replicaCfg(lnB, kubeB, logB)
+	metricsB := listen(t)
+	cfgB.MetricsListener = metricsB
 	var replicaB *app.Replica
 	cfgB.Stream.Hooks.OnConnect = func(stream.ConnectEvent) {
 		select {
@@ -122,6 +124,9 @@ func TestReplicaFailoverAtScale(t *testing.T) {
 	}
 	replicaB, _ = runReplica(t, ctx, cfgB)
 	checkHealth(t, addrB, healthpb.HealthCheckResponse_NOT_SERVING)
+	// kubelet's probes (plain HTTP: its gRPC probe cannot do TLS) agree.
+	checkHTTP(t, metricsB.Addr().String(), "/readyz", http.StatusServiceUnavailable)
+	checkHTTP(t, metricsB.Addr().String(), "/livez", http.StatusOK)
 	stopA()
 	started := time.Now()
 	eventually(t, 3*time.Minute, func() string {
@@ -136,6 +141,7 @@ func TestReplicaFailoverAtScale(t *testing.T) {
 	t.Logf("%d agents resumed on the new replica %v after the old one stopped; %d of them connected before it was ready",
 		nodes, time.Since(started).Round(time.Millisecond), connectsBeforeReady.Load())
 	checkHealth(t, addrB, healthpb.HealthCheckResponse_SERVING)
+	checkHTTP(t, metricsB.Addr().String(), "/readyz", http.StatusOK)
 	if got := connectsBeforeReady.Load(); got != nodes {
 		t.Errorf("%d of %d agents connected while B was still computing; the test must exercise that window", got, nodes)
 	}
@@ -234,6 +240,19 @@ func createServices(t *testing.T, ctx context.Context, env *kubeenv.Env, n int) 
 		t.Fatal(err)
 	}
 	t.Logf("created %d Services (%d with endpoints) in %v", n, n/10, time.Since(start).Round(time.Millisecond))
+}
+
+// checkHTTP fails unless GET path on addr answers want.
+func checkHTTP(t *testing.T, addr, path string, want int) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		t.Fatalf("GET %s: %s, want %d", path, resp.Status, want)
+	}
 }
 
 func checkHealth(t *testing.T, addr string, want healthpb.HealthCheckResponse_ServingStatus) {

@@ -19,7 +19,8 @@ import (
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // InstallCRDs creates the CustomResourceDefinitions in the YAML files of dir
-// (deploy/crds) and waits until each is Established.
+// (deploy/crds; other kinds there are skipped) and waits until each is
+// Established.
 func (e *Env) InstallCRDs(ctx context.Context, dir string) error {
 	dyn, err := dynamic.NewForConfig(e.RESTConfig())
 	if err != nil {
@@ -44,6 +45,9 @@ func (e *Env) InstallCRDs(ctx context.Context, dir string) error {
 				return fmt.Errorf("kubeenv: %s: %w", f, err)
 			}
 			u := &unstructured.Unstructured{Object: obj}
+			if u.GetKind() != "CustomResourceDefinition" {
+				continue // e.g. the directory's kustomization.yaml
+			}
 			if _, err := dyn.Resource(crdResource).Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("kubeenv: creating CRD %s: %w", u.GetName(), err)
 			}

@@ -245,6 +245,9 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 		// not a routable endpoint and nothing should be reconciled.
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
+		// As kubeadm and managed clusters do: the agent DaemonSet is
+		// privileged (deploy/), and dry-run applies must accept it.
+		"--allow-privileged=true",
 	}
 	args = append(args, opts.ExtraAPIServerFlags...)
 	e.apiBin, e.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
