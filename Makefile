@@ -79,7 +79,7 @@ test-race:
 ## test-unit: unit tests and the tests on this machine's kernel (network namespaces) —
 ## no apiserver, no VM, under a minute: for day-to-day work
 test-unit:
-	$(GO) test -count=1 ./controlplane/... ./dataplane/... ./internal/... ./e2e/protocol ./e2e/pipeline ./e2e/cluster
+	$(GO) test -count=1 ./controlplane/... ./dataplane/... ./internal/... ./e2e/protocol ./e2e/pipeline ./e2e/cluster ./e2e/docs
 
 ## fuzz: every native fuzz target (func FuzzX in a *_test.go) for FUZZTIME, one at a time
 ## (go test -fuzz takes one target per run); failing inputs land in the package's testdata/fuzz/

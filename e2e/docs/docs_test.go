@@ -1,0 +1,126 @@
+package docs
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+func repoFile(t *testing.T, rel string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// metricName matches the metric names of vsplane, its kube-proxy-compatible
+// metrics and the gRPC server's.
+var metricName = regexp.MustCompile(`\b(?:vsplane|kubeproxy|grpc_server)_[a-z_]+\b`)
+
+// TestOperationsGuideListsEveryMetric: docs/operations.md names every
+// registered metric, and nothing that is not one.
+func TestOperationsGuideListsEveryMetric(t *testing.T) {
+	cp, ag, err := Registered()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cp) < 20 || len(ag) < 10 {
+		t.Fatalf("registered metrics look incomplete: %d control plane, %d agent", len(cp), len(ag))
+	}
+	doc := repoFile(t, "docs/operations.md")
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([a-z_]+)`").FindAllStringSubmatch(doc, -1) {
+		if metricName.MatchString(m[1]) {
+			documented[m[1]] = true
+		}
+	}
+	registered := map[string]bool{}
+	for _, m := range append(cp, ag...) {
+		registered[m.Name] = true
+		if !documented[m.Name] {
+			t.Errorf("%s (%s) is not in docs/operations.md", m.Name, m.Help)
+		}
+	}
+	for name := range documented {
+		if !registered[name] {
+			t.Errorf("docs/operations.md lists %s, which no binary registers", name)
+		}
+	}
+}
+
+// rule is one alerting rule of deploy/monitoring/prometheusrule.yaml.
+type rule struct {
+	Alert       string            `json:"alert"`
+	Expr        string            `json:"expr"`
+	For         string            `json:"for,omitempty"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// TestAlertRulesUseRealMetrics: the PrometheusRule decodes strictly, every
+// rule has a severity and a summary, names only registered metrics, and is
+// explained in docs/operations.md.
+func TestAlertRulesUseRealMetrics(t *testing.T) {
+	cp, ag, err := Registered()
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered := map[string]bool{}
+	for _, m := range append(cp, ag...) {
+		registered[m.Name] = true
+	}
+	var pr struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+		Spec struct {
+			Groups []struct {
+				Name  string `json:"name"`
+				Rules []rule `json:"rules"`
+			} `json:"groups"`
+		} `json:"spec"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(repoFile(t, "deploy/monitoring/prometheusrule.yaml")), &pr); err != nil {
+		t.Fatal(err)
+	}
+	if pr.Kind != "PrometheusRule" || len(pr.Spec.Groups) == 0 {
+		t.Fatalf("not a PrometheusRule with groups: %+v", pr)
+	}
+	doc := repoFile(t, "docs/operations.md")
+	var alerts []string
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			alerts = append(alerts, r.Alert)
+			if r.Alert == "" || r.Expr == "" || r.Labels["severity"] == "" || r.Annotations["summary"] == "" {
+				t.Errorf("rule %+v: needs alert, expr, a severity label and a summary", r)
+			}
+			if !strings.Contains(doc, "`"+r.Alert+"`") {
+				t.Errorf("alert %s is not explained in docs/operations.md", r.Alert)
+			}
+			for _, name := range metricName.FindAllString(r.Expr, -1) {
+				base := name
+				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+					if b, ok := strings.CutSuffix(name, suffix); ok && registered[b] {
+						base = b
+					}
+				}
+				if !registered[base] {
+					t.Errorf("alert %s uses %s, which no binary registers", r.Alert, name)
+				}
+			}
+		}
+	}
+	if distinct := slices.Compact(slices.Sorted(slices.Values(alerts))); len(distinct) != len(alerts) || len(alerts) < 5 {
+		t.Errorf("alerts %v: want at least 5, each named once", alerts)
+	}
+}
