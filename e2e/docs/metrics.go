@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
 	"github.com/vsplane/vsplane/controlplane/engine"
+	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	agentmetrics "github.com/vsplane/vsplane/dataplane/metrics"
 	"github.com/vsplane/vsplane/internal/grpcserver"
