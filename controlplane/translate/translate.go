@@ -163,122 +163,165 @@ func (t *translation) add(vs *vsplanev1.VirtualServer, what string) bool {
 
 // port emits everything of Service port sp in family fam.
 func (t *translation) port(fam model.Family, clusterIP netip.Addr, sp model.ServicePort, eps []endpoint, sel *selection) {
-	svc, f, pr := t.svc, family(fam), protocol(sp.Protocol)
-	portName := portLabel(sp)
-	extPolicy := svc.ExternalTrafficPolicy
-	extLocal := extPolicy == model.PolicyLocal
-	entry := func(set vsplanev1.IPSet, ip netip.Addr) *vsplanev1.IPSetEntry {
-		return &vsplanev1.IPSetEntry{Set: set, Family: f, Ip: ip.String(), Port: uint32(sp.Port), Protocol: pr}
-	}
+	p := &portTranslation{t: t, fam: fam, sp: sp, name: portLabel(sp),
+		f: family(fam), proto: protocol(sp.Protocol), extLocal: t.svc.ExternalTrafficPolicy == model.PolicyLocal}
+	p.loopBack(eps)
+	p.clusterIP(clusterIP, sel)
+	p.rs, p.reject = realServers(sel, t.svc.ExternalTrafficPolicy)
+	p.externalIPs()
+	p.loadBalancerIPs()
+	p.nodePort()
+}
 
-	// Hairpin: a local endpoint reaching itself through the Service is
-	// masqueraded. kube-proxy adds every local endpoint of the port,
-	// whatever its conditions.
+// portTranslation is one Service port of one family being translated into
+// its virtual servers and ipset entries, step by step.
+type portTranslation struct {
+	t        *translation
+	fam      model.Family
+	sp       model.ServicePort
+	name     string // for problems and add's descriptions
+	f        vsplanev1.IPFamily
+	proto    vsplanev1.Protocol
+	extLocal bool // externalTrafficPolicy Local
+	// rs and reject are the real servers of the external kinds (external
+	// IPs, load balancers, NodePorts), selected by the external policy.
+	rs     []*vsplanev1.RealServer
+	reject bool
+}
+
+func (p *portTranslation) entry(set vsplanev1.IPSet, ip netip.Addr) *vsplanev1.IPSetEntry {
+	return &vsplanev1.IPSetEntry{Set: set, Family: p.f, Ip: ip.String(), Port: uint32(p.sp.Port), Protocol: p.proto}
+}
+
+// loopBack: a local endpoint reaching itself through the Service is
+// masqueraded. kube-proxy adds every local endpoint of the port, whatever
+// its conditions.
+func (p *portTranslation) loopBack(eps []endpoint) {
 	for i := range eps {
 		if eps[i].local {
-			e := entry(vsplanev1.IPSet_IP_SET_LOOP_BACK, eps[i].addr)
+			e := p.entry(vsplanev1.IPSet_IP_SET_LOOP_BACK, eps[i].addr)
 			e.Port, e.Ip2 = uint32(eps[i].port), eps[i].addr.String()
-			t.sets.add(e)
+			p.t.sets.add(e)
 		}
 	}
+}
 
-	vs := newVirtualServer(svc, sp, fam)
+// clusterIP is the ClusterIP virtual server, its real servers selected by
+// the internal traffic policy.
+func (p *portTranslation) clusterIP(ip netip.Addr, sel *selection) {
+	svc := p.t.svc
+	vs := newVirtualServer(svc, p.sp, p.fam)
 	vs.Kind = vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_CLUSTER_IP
-	vs.Address = clusterIP.String()
+	vs.Address = ip.String()
 	vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS
 	vs.TrafficPolicy = policy(svc.InternalTrafficPolicy)
 	vs.RealServers, vs.Reject = realServers(sel, svc.InternalTrafficPolicy)
-	if t.add(vs, fmt.Sprintf("port %s clusterIP %s", portName, clusterIP)) {
-		t.sets.add(entry(vsplanev1.IPSet_IP_SET_CLUSTER_IP, clusterIP))
+	if p.t.add(vs, fmt.Sprintf("port %s clusterIP %s", p.name, ip)) {
+		p.t.sets.add(p.entry(vsplanev1.IPSet_IP_SET_CLUSTER_IP, ip))
 	}
+}
 
-	rs, reject := realServers(sel, extPolicy)
-	external := func(kind vsplanev1.VirtualServerKind, ip netip.Addr, what string) *vsplanev1.VirtualServer {
-		if _, yielded := svc.Yielded[model.VIP{Addr: ip, Proto: sp.Protocol, Port: sp.Port}]; yielded {
-			return nil // an older Service owns this virtual server (engine conflicts; the problem says so)
-		}
-		if np, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok && t.isNodePortAddress(ip) {
-			t.problem("port %s %s %s: this node's NodePort address %s and port %d/%s are NodePort %d of port %s; served as NodePort only",
-				portName, what, ip, ip, sp.Port, sp.Protocol, np.NodePort, portLabel(np))
-			return nil
-		}
-		vs := newVirtualServer(svc, sp, fam)
-		vs.Kind = kind
-		vs.Address = ip.String()
-		vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL
-		vs.TrafficPolicy = policy(extPolicy)
-		vs.RealServers, vs.Reject = cloneRealServers(rs), reject
-		if !t.add(vs, fmt.Sprintf("port %s %s %s", portName, what, ip)) {
-			return nil
-		}
-		return vs
+// external adds the virtual server of an external IP or load-balancer IP,
+// or returns nil when another Service owns it, it collides with this
+// node's NodePort, or add refused it.
+func (p *portTranslation) external(kind vsplanev1.VirtualServerKind, ip netip.Addr, what string) *vsplanev1.VirtualServer {
+	svc, sp := p.t.svc, p.sp
+	if _, yielded := svc.Yielded[model.VIP{Addr: ip, Proto: sp.Protocol, Port: sp.Port}]; yielded {
+		return nil // an older Service owns this virtual server (engine conflicts; the problem says so)
 	}
+	if np, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok && p.t.isNodePortAddress(ip) {
+		p.t.problem("port %s %s %s: this node's NodePort address %s and port %d/%s are NodePort %d of port %s; served as NodePort only",
+			p.name, what, ip, ip, sp.Port, sp.Protocol, np.NodePort, portLabel(np))
+		return nil
+	}
+	vs := newVirtualServer(svc, sp, p.fam)
+	vs.Kind = kind
+	vs.Address = ip.String()
+	vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL
+	vs.TrafficPolicy = policy(svc.ExternalTrafficPolicy)
+	vs.RealServers, vs.Reject = cloneRealServers(p.rs), p.reject
+	if !p.t.add(vs, fmt.Sprintf("port %s %s %s", p.name, what, ip)) {
+		return nil
+	}
+	return vs
+}
 
-	for _, ip := range svc.ExternalIPs {
-		if model.FamilyOf(ip) != fam || external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, ip, "externalIP") == nil {
+func (p *portTranslation) externalIPs() {
+	for _, ip := range p.t.svc.ExternalIPs {
+		if model.FamilyOf(ip) != p.fam || p.external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, ip, "externalIP") == nil {
 			continue
 		}
 		// kube-proxy puts an external IP in exactly one of the two sets:
 		// KUBE-EXTERNAL-IP masquerades, KUBE-EXTERNAL-IP-LOCAL keeps the
 		// client's source address.
 		set := vsplanev1.IPSet_IP_SET_EXTERNAL_IP
-		if extLocal {
+		if p.extLocal {
 			set = vsplanev1.IPSet_IP_SET_EXTERNAL_IP_LOCAL
 		}
-		t.sets.add(entry(set, ip))
+		p.t.sets.add(p.entry(set, ip))
 	}
+}
 
-	ranges, _ := sourceRanges(svc, fam)
-	fromNode := allowFromNode(ranges, t.node, fam)
-	for _, ip := range svc.LoadBalancerIPs {
-		if model.FamilyOf(ip) != fam {
+func (p *portTranslation) loadBalancerIPs() {
+	t := p.t
+	ranges, _ := sourceRanges(t.svc, p.fam)
+	fromNode := allowFromNode(ranges, t.node, p.fam)
+	for _, ip := range t.svc.LoadBalancerIPs {
+		if model.FamilyOf(ip) != p.fam {
 			continue
 		}
-		vs := external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_LOAD_BALANCER, ip, "loadBalancer IP")
+		vs := p.external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_LOAD_BALANCER, ip, "loadBalancer IP")
 		if vs == nil {
 			continue
 		}
 		vs.SourceRanges = prefixes(ranges)
-		t.sets.add(entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER, ip))
-		if extLocal {
-			t.sets.add(entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_LOCAL, ip))
+		t.sets.add(p.entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER, ip))
+		if p.extLocal {
+			t.sets.add(p.entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_LOCAL, ip))
 		}
 		if len(ranges) == 0 {
 			continue
 		}
-		t.sets.add(entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_FW, ip))
+		t.sets.add(p.entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_FW, ip))
 		for _, r := range ranges {
-			e := entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_SOURCE_CIDR, ip)
+			e := p.entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_SOURCE_CIDR, ip)
 			e.Net = r.String()
 			t.sets.add(e)
 		}
 		if fromNode {
 			// Traffic from the node itself to the LB IP bound on
 			// kube-ipvs0 has the LB IP as its source address.
-			e := entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_SOURCE_IP, ip)
+			e := p.entry(vsplanev1.IPSet_IP_SET_LOAD_BALANCER_SOURCE_IP, ip)
 			e.Ip2 = ip.String()
 			t.sets.add(e)
 		}
 	}
+}
 
-	if sp.NodePort != 0 {
-		vs := newVirtualServer(svc, sp, fam)
-		vs.Kind = vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_NODE_PORT
-		vs.NodePortAddresses = true
-		vs.Port = uint32(sp.NodePort)
-		vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_NONE
-		vs.TrafficPolicy = policy(extPolicy)
-		vs.RealServers, vs.Reject = cloneRealServers(rs), reject
-		if t.add(vs, fmt.Sprintf("port %s nodePort %d", portName, sp.NodePort)) {
-			for _, set := range nodePortSets(sp.Protocol, extLocal) {
-				e := &vsplanev1.IPSetEntry{Set: set, Family: f, Port: uint32(sp.NodePort)}
-				if sp.Protocol == model.SCTP {
-					// hash:ip,port: one entry per NodePort address, expanded by the agent.
-					e.Protocol, e.NodePortAddresses = pr, true
-				}
-				t.sets.add(e)
-			}
+// nodePort is the NodePort marker virtual server (expanded per NodePort
+// address by the agent) and its sets.
+func (p *portTranslation) nodePort() {
+	sp := p.sp
+	if sp.NodePort == 0 {
+		return
+	}
+	vs := newVirtualServer(p.t.svc, sp, p.fam)
+	vs.Kind = vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_NODE_PORT
+	vs.NodePortAddresses = true
+	vs.Port = uint32(sp.NodePort)
+	vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_NONE
+	vs.TrafficPolicy = policy(p.t.svc.ExternalTrafficPolicy)
+	vs.RealServers, vs.Reject = cloneRealServers(p.rs), p.reject
+	if !p.t.add(vs, fmt.Sprintf("port %s nodePort %d", p.name, sp.NodePort)) {
+		return
+	}
+	for _, set := range nodePortSets(sp.Protocol, p.extLocal) {
+		e := &vsplanev1.IPSetEntry{Set: set, Family: p.f, Port: uint32(sp.NodePort)}
+		if sp.Protocol == model.SCTP {
+			// hash:ip,port: one entry per NodePort address, expanded by the agent.
+			e.Protocol, e.NodePortAddresses = p.proto, true
 		}
+		p.t.sets.add(e)
 	}
 }
 
