@@ -14,6 +14,10 @@
 //
 // Error semantics follow the kernel and are exposed as sentinels (ErrExist,
 // ErrNotFound, ErrBusy, ErrInvalid, ErrUnsupported) checked with errors.Is.
+// Writes that come in bursts also have batched forms (IPVS.Apply,
+// IPSets.ApplyEntries, Links.ApplyAddresses): ops in order, each with its
+// single call's semantics, one error per op; the Linux implementation sends
+// many netlink requests per syscall.
 // Value types have Normalize methods: reads return normalized values, so a
 // caller compares Normalize(desired) with what it reads.
 package kernel

@@ -221,6 +221,10 @@ func (e Entry) Format(t SetType) string {
 //     set must describe the set as it exists (its type and family decide
 //     the encoding); at least Name, Type, Family and, for bitmap:port, the
 //     range must match.
+//   - ApplyEntries performs a batch of AddEntry/DelEntry in order, each
+//     with the semantics and errors of its single call, and returns one
+//     error per op (nil: done); a failed op does not stop the ones after
+//     it. The Linux implementation sends many ops per netlink round trip.
 //   - Reads return normalized values; ListSets sorted by name, ListEntries
 //     in no particular order.
 //   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
@@ -232,6 +236,68 @@ type IPSets interface {
 	FlushSet(name string) error
 	AddEntry(set IPSet, e Entry) error
 	DelEntry(set IPSet, e Entry) error
+	ApplyEntries(ops []EntryOp) []error
 	ListSets() ([]IPSet, error)
 	ListEntries(name string) ([]Entry, error)
+}
+
+// EntryOpKind names the write an EntryOp performs.
+type EntryOpKind uint8
+
+const (
+	AddEntry EntryOpKind = iota + 1
+	DelEntry
+)
+
+func (k EntryOpKind) String() string {
+	switch k {
+	case AddEntry:
+		return "add entry"
+	case DelEntry:
+		return "delete entry"
+	}
+	return fmt.Sprintf("ipset op %d", uint8(k))
+}
+
+// EntryOp is one write of an IPSets.ApplyEntries batch: Entry added to or
+// deleted from Set (which, as for AddEntry and DelEntry, describes the set
+// as it exists). A batch may mix sets.
+type EntryOp struct {
+	Kind  EntryOpKind
+	Set   IPSet
+	Entry Entry
+}
+
+// Validate reports what the single call of op's kind would refuse as
+// ErrInvalid without calling the kernel (DelEntry ignores the comment).
+func (op EntryOp) Validate() error {
+	switch op.Kind {
+	case AddEntry:
+		return op.Entry.Validate(op.Set)
+	case DelEntry:
+		e := op.Entry
+		e.Comment = ""
+		return e.Validate(op.Set)
+	}
+	return fmt.Errorf("ipset: %v: %w", op.Kind, ErrInvalid)
+}
+
+// ApplyEntriesEach implements IPSets.ApplyEntries with one single call per
+// op, like ApplyEach for IPVS: for implementations without a batched path
+// and for wrappers that intercept AddEntry/DelEntry (a wrapper embedding an
+// IPSets must route ApplyEntries through its own methods, or the inner
+// ApplyEntries bypasses them).
+func ApplyEntriesEach(s IPSets, ops []EntryOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		switch op.Kind {
+		case AddEntry:
+			errs[i] = s.AddEntry(op.Set, op.Entry)
+		case DelEntry:
+			errs[i] = s.DelEntry(op.Set, op.Entry)
+		default:
+			errs[i] = op.Validate()
+		}
+	}
+	return errs
 }

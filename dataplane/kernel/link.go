@@ -1,6 +1,9 @@
 package kernel
 
-import "net/netip"
+import (
+	"fmt"
+	"net/netip"
+)
 
 // DummyDevice is the device kube-proxy binds service addresses to.
 const DummyDevice = "kube-ipvs0"
@@ -31,6 +34,12 @@ type InterfaceAddress struct {
 //   - LocalAddresses lists every address of every interface (all
 //     families, including loopback and the dummy device), sorted by
 //     interface index then address.
+//   - ApplyAddresses performs a batch of binds and unbinds on dev in
+//     order, each with the semantics and errors of its single call (a bind
+//     of a bound address is nil, as BindAddress's added=false; binds to a
+//     missing dev are ErrNotFound, unbinds from it nil), and returns one
+//     error per op (nil: done); a failed op does not stop the ones after
+//     it. The Linux implementation sends many ops per netlink round trip.
 //   - Bad input (invalid or zoned address, empty name): ErrInvalid.
 //   - Safe for concurrent use.
 type Links interface {
@@ -38,6 +47,60 @@ type Links interface {
 	DeleteDummy(name string) error
 	BindAddress(dev string, addr netip.Addr) (added bool, err error)
 	UnbindAddress(dev string, addr netip.Addr) error
+	ApplyAddresses(dev string, ops []AddressOp) []error
 	BoundAddresses(dev string) ([]netip.Addr, error)
 	LocalAddresses() ([]InterfaceAddress, error)
+}
+
+// AddressOpKind names the write an AddressOp performs.
+type AddressOpKind uint8
+
+const (
+	BindAddress AddressOpKind = iota + 1
+	UnbindAddress
+)
+
+func (k AddressOpKind) String() string {
+	switch k {
+	case BindAddress:
+		return "bind"
+	case UnbindAddress:
+		return "unbind"
+	}
+	return fmt.Sprintf("address op %d", uint8(k))
+}
+
+// AddressOp is one write of a Links.ApplyAddresses batch.
+type AddressOp struct {
+	Kind AddressOpKind
+	Addr netip.Addr
+}
+
+// Validate reports an op the single calls would refuse as ErrInvalid.
+func (op AddressOp) Validate() error {
+	if op.Kind != BindAddress && op.Kind != UnbindAddress {
+		return fmt.Errorf("links: %v: %w", op.Kind, ErrInvalid)
+	}
+	if err := CheckAddr(op.Addr); err != nil {
+		return fmt.Errorf("links: %v: %w", op.Kind, err)
+	}
+	return nil
+}
+
+// ApplyAddressesEach implements Links.ApplyAddresses with one single call
+// per op, like ApplyEach for IPVS: for implementations without a batched
+// path and for wrappers that intercept BindAddress/UnbindAddress.
+func ApplyAddressesEach(l Links, dev string, ops []AddressOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		switch op.Kind {
+		case BindAddress:
+			_, errs[i] = l.BindAddress(dev, op.Addr)
+		case UnbindAddress:
+			errs[i] = l.UnbindAddress(dev, op.Addr)
+		default:
+			errs[i] = op.Validate()
+		}
+	}
+	return errs
 }

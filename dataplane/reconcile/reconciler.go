@@ -441,6 +441,7 @@ func (r *Reconciler) touchedPass(p *pass, t *touched) {
 		p.syncAddr(a, t.addrs[a])
 	}
 	p.syncEntries(t.entries)
+	p.flushWrites()
 }
 
 // fullPass compares everything the agent owns with the kernel. It lists
@@ -478,6 +479,8 @@ func (r *Reconciler) fullPass(p *pass) {
 	for _, a := range sortedKeys(addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
 		p.syncAddr(a, nil)
 	}
+	// The entries below are read from the record the writes update.
+	p.flushWrites()
 	entries := map[entryKey][]string{}
 	for ek := range r.store.entryRefs {
 		entries[ek] = nil
@@ -493,6 +496,7 @@ func (r *Reconciler) fullPass(p *pass) {
 		}
 	}
 	p.syncEntries(entries)
+	p.flushWrites()
 }
 
 // forget drops the record of kernel state: the next pass lists again.
@@ -503,6 +507,9 @@ func (r *Reconciler) forget() {
 // settle records the outcome of each evaluated resource and schedules a
 // retry when something retryable failed.
 func (r *Reconciler) settle(p *pass, evaluate []string) {
+	// Every phase flushes its writes; this only guards the outcome.
+	p.flushIPVS()
+	p.flushWrites()
 	if len(p.errs) > 0 || len(p.global) > 0 {
 		// A failed or partial write leaves the kernel unknown: list again
 		// rather than trust the record.

@@ -55,59 +55,15 @@ type pass struct {
 	// drainOps are the ops (also in ops) that ended a drain: housekeeping,
 	// not drift repair.
 	drainOps map[string]uint32
-	// ipvsq holds IPVS writes until flushIPVS sends them in batches
-	// (kernel.IPVS.Apply): one netlink round trip per write made bursts slow.
-	ipvsq ipvsQueue
-}
-
-// ipvsQueue is a pass's pending IPVS writes, each with what to do with its
-// outcome. Callbacks run in queue order after the batch returns.
-type ipvsQueue struct {
-	ops  []kernel.IPVSOp
-	done []func(error)
-	// addFailed: servers whose queued add failed in the batch being
-	// reported; their destinations' ErrNotFound says nothing new.
+	// Queued kernel writes (queue.go): IPVS, kube-ipvs0 addresses, ipset
+	// entries. addFailed: servers whose add failed in the IPVS batch being
+	// reported. dummyMade: this pass recreated kube-ipvs0 after a bind
+	// found it gone.
+	ipvsq     writeQueue[kernel.IPVSOp]
+	addrq     writeQueue[kernel.AddressOp]
+	entryq    writeQueue[kernel.EntryOp]
 	addFailed map[kernel.VirtualServerKey]bool
-}
-
-// maxQueuedIPVS bounds the queue (memory, and how late errors surface).
-const maxQueuedIPVS = 8192
-
-// queueIPVS adds a write; done (may be nil) receives its outcome.
-func (p *pass) queueIPVS(op kernel.IPVSOp, done func(error)) {
-	p.ipvsq.ops = append(p.ipvsq.ops, op)
-	p.ipvsq.done = append(p.ipvsq.done, done)
-	if len(p.ipvsq.ops) >= maxQueuedIPVS {
-		p.flushIPVS()
-	}
-}
-
-// flushIPVS sends the queued writes and reports their outcomes. Every
-// phase that queues flushes before anything reads what it wrote.
-func (p *pass) flushIPVS() {
-	q := &p.ipvsq
-	if len(q.ops) == 0 {
-		return
-	}
-	errs := p.r.k.IPVS.Apply(q.ops)
-	q.addFailed = map[kernel.VirtualServerKey]bool{}
-	for i, op := range q.ops {
-		var err error
-		if i < len(errs) {
-			err = errs[i]
-		} else {
-			err = fmt.Errorf("ipvs: %v: no outcome reported by the kernel layer", op.Kind)
-		}
-		if err != nil && op.Kind == kernel.AddVirtualServer {
-			q.addFailed[op.Server.Key] = true
-		}
-		if q.done[i] != nil {
-			q.done[i](err)
-		}
-	}
-	clear(q.ops)
-	clear(q.done)
-	q.ops, q.done, q.addFailed = q.ops[:0], q.done[:0], nil
+	dummyMade bool
 }
 
 // record is what the reconciler believes the kernel holds of the state it
@@ -256,17 +212,6 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 	p.syncDests(key, want.dests, exists, names)
 }
 
-// destDone reports a queued destination write's failure, unless it only
-// echoes the failed add of its server (already reported to the same names).
-func (p *pass) destDone(key kernel.VirtualServerKey, what string, names []string) func(error) {
-	return func(err error) {
-		if err == nil || (p.ipvsq.addFailed[key] && errors.Is(err, kernel.ErrNotFound)) {
-			return
-		}
-		p.fail(names, what, err)
-	}
-}
-
 func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination, exists bool, names []string) {
 	k := p.r.k.IPVS
 	have := map[kernel.DestinationKey]kernel.Destination{}
@@ -380,44 +325,68 @@ func (p *pass) syncAddr(addr netip.Addr, touchers []string) {
 		p.fail(names, "list local addresses", err)
 		return
 	}
-	links := p.r.k.Links
 	rec := &p.r.rec
+	// KUBE-IPVS-IPS holds exactly the addresses bound for services: its
+	// entry follows a bind or unbind once that succeeded.
+	entry := func() {
+		if fam := kernel.FamilyOf(addr); p.r.families.has(fam) {
+			p.syncEntry(entryKey{set: setRef{rules.SetIPVSIPs, fam}, entry: kernel.Entry{IP: addr}}, names)
+		}
+	}
 	switch {
 	case want && !rec.bound[addr]:
 		if rec.dummyGone {
 			p.count(OpCreateDummy)
-			if _, err := links.EnsureDummy(kernel.DummyDevice); err != nil {
+			if _, err := p.r.k.Links.EnsureDummy(kernel.DummyDevice); err != nil {
 				p.fail(names, "create "+kernel.DummyDevice, err)
 				return
 			}
 			rec.dummyGone = false
 		}
 		p.count(OpBind)
-		_, err := links.BindAddress(kernel.DummyDevice, addr)
-		if errors.Is(err, kernel.ErrNotFound) {
-			// The record said kube-ipvs0 exists but it was deleted since.
-			p.count(OpCreateDummy)
-			if _, err = links.EnsureDummy(kernel.DummyDevice); err == nil {
-				_, err = links.BindAddress(kernel.DummyDevice, addr)
+		p.queueAddr(kernel.AddressOp{Kind: kernel.BindAddress, Addr: addr}, p.bindDone(addr, names, entry, true))
+	case !want && rec.bound[addr] && !p.excluded(addr):
+		p.count(OpUnbind)
+		p.queueAddr(kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: addr}, func(err error) {
+			if err != nil {
+				p.fail(names, fmt.Sprintf("unbind %v from %s", addr, kernel.DummyDevice), err)
+				return
+			}
+			delete(p.r.rec.bound, addr)
+			entry()
+		})
+	default:
+		entry()
+	}
+}
+
+// bindDone handles the outcome of a queued bind of addr: on success it
+// records the address as bound and runs then (the KUBE-IPVS-IPS entry).
+// ErrNotFound means kube-ipvs0 was deleted behind the record's back: with
+// retry, the dummy is created again (once per pass: the binds of the same
+// batch all find it missing) and the bind queued once more.
+func (p *pass) bindDone(addr netip.Addr, names []string, then func(), retry bool) func(error) {
+	return func(err error) {
+		if retry && errors.Is(err, kernel.ErrNotFound) {
+			if !p.dummyMade {
+				p.count(OpCreateDummy)
+				if _, err = p.r.k.Links.EnsureDummy(kernel.DummyDevice); err == nil {
+					p.dummyMade = true
+				}
+			}
+			if p.dummyMade {
+				p.queueAddr(kernel.AddressOp{Kind: kernel.BindAddress, Addr: addr}, p.bindDone(addr, names, then, false))
+				return
 			}
 		}
 		if err != nil {
 			p.fail(names, fmt.Sprintf("bind %v to %s", addr, kernel.DummyDevice), err)
 			return
 		}
-		rec.bound[addr] = true
-	case !want && rec.bound[addr] && !p.excluded(addr):
-		p.count(OpUnbind)
-		if err := links.UnbindAddress(kernel.DummyDevice, addr); err != nil {
-			p.fail(names, fmt.Sprintf("unbind %v from %s", addr, kernel.DummyDevice), err)
-			return
+		if p.r.rec.bound != nil {
+			p.r.rec.bound[addr] = true
 		}
-		delete(rec.bound, addr)
-	}
-	// KUBE-IPVS-IPS holds exactly the addresses bound for services.
-	fam := kernel.FamilyOf(addr)
-	if p.r.families.has(fam) {
-		p.syncEntry(entryKey{set: setRef{rules.SetIPVSIPs, fam}, entry: kernel.Entry{IP: addr}}, names)
+		then()
 	}
 }
 
@@ -544,18 +513,22 @@ func (p *pass) syncEntry(ek entryKey, touchers []string) {
 	switch {
 	case want && !have[ek.entry]:
 		p.count(OpAddEntry)
-		if err := p.r.k.IPSets.AddEntry(spec, ek.entry); err != nil {
-			p.fail(names, "ipset add "+ek.String(), err)
-			return
-		}
-		have[ek.entry] = true
+		p.queueEntry(kernel.EntryOp{Kind: kernel.AddEntry, Set: spec, Entry: ek.entry}, func(err error) {
+			if err != nil {
+				p.fail(names, "ipset add "+ek.String(), err)
+				return
+			}
+			have[ek.entry] = true
+		})
 	case !want && have[ek.entry]:
 		p.count(OpDelEntry)
-		if err := p.r.k.IPSets.DelEntry(spec, ek.entry); err != nil {
-			p.fail(names, "ipset del "+ek.String(), err)
-			return
-		}
-		delete(have, ek.entry)
+		p.queueEntry(kernel.EntryOp{Kind: kernel.DelEntry, Set: spec, Entry: ek.entry}, func(err error) {
+			if err != nil {
+				p.fail(names, "ipset del "+ek.String(), err)
+				return
+			}
+			delete(have, ek.entry)
+		})
 	}
 }
 

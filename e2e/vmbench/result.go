@@ -24,7 +24,9 @@ type Result struct {
 	// KernelOpenMS is NewLinuxKernel + reconcile.New (probes, module loads).
 	KernelOpenMS float64 `json:"kernel_open_ms"`
 
-	Endpoints int  `json:"endpoints"`
+	Endpoints int `json:"endpoints"`
+	// Unbatched: every kernel write went as its own netlink request
+	// (vmbench --unbatched), the baseline before batching.
 	Unbatched bool `json:"unbatched"`
 	// ColdWrites is the kernel writes of the cold start and
 	// ColdWritesPerSec their rate.

@@ -44,8 +44,9 @@ type Report struct {
 	// Ratios are the largest size's value over the smallest size's.
 	Ratios map[string]float64 `json:"ratios"`
 	// Burst is the burst workload (default 2,000 Services x 10 endpoints)
-	// three ways: one netlink request per IPVS write (the baseline),
-	// batched, and batched in bounded Deltas; BurstRatios compare them.
+	// three ways: one netlink request per kernel write (IPVS, ipset
+	// entries, kube-ipvs0 addresses: the baseline), batched, and batched
+	// in bounded Deltas; BurstRatios compare them.
 	Burst       []Result           `json:"burst"`
 	BurstRatios map[string]float64 `json:"burst_ratios"`
 }
@@ -229,7 +230,7 @@ func markdown(rep Report) string {
 	}
 	if len(rep.Burst) > 0 {
 		b.WriteString("\n## Burst (cold start into an empty kernel)\n\n")
-		b.WriteString("| Services x endpoints | IPVS writes | Deltas | converged (ms) | kernel writes | writes/s | per-Service latency p50 / p99 (ms) | first Delta acked (ms) | one-endpoint change median (ms) |\n")
+		b.WriteString("| Services x endpoints | kernel writes sent | Deltas | converged (ms) | kernel writes | writes/s | per-Service latency p50 / p99 (ms) | first Delta acked (ms) | one-endpoint change median (ms) |\n")
 		b.WriteString("|---|---|---:|---:|---:|---:|---|---:|---:|\n")
 		for _, r := range rep.Burst {
 			mode := "batched"

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -225,6 +226,165 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 			want = append(want, e)
 		}
 		wantEntries(t, s, set, want)
+	})
+
+	t.Run("ApplyEntriesBatch", func(t *testing.T) {
+		s := newIPSets(t)
+		ipport := kernel.IPSet{Name: uniqueName("VSPT-B-IPPORT-"), Type: kernel.HashIPPort, Family: kernel.FamilyIPv4, Comments: true}
+		bm := kernel.IPSet{Name: uniqueName("VSPT-B-BM-"), Type: kernel.BitmapPort, PortFrom: 30000, PortTo: 32767}
+		ip6 := kernel.IPSet{Name: uniqueName("VSPT-B-6-IP-"), Type: kernel.HashIP, Family: kernel.FamilyIPv6}
+		full := kernel.IPSet{Name: uniqueName("VSPT-B-FULL-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4, MaxElem: 1}
+		missing := kernel.IPSet{Name: uniqueName("VSPT-B-MISSING-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4}
+		for _, set := range []kernel.IPSet{ipport, bm, ip6, full} {
+			createSet(t, s, set)
+		}
+		a4, b4, c4, a6 := testAddr4(), testAddr4(), testAddr4(), testAddr6()
+		e1 := kernel.Entry{IP: a4, Protocol: kernel.ProtocolTCP, Port: 80, Comment: "ns/a:http"}
+		e2 := kernel.Entry{IP: b4, Protocol: kernel.ProtocolUDP, Port: 53}
+		add := func(set kernel.IPSet, e kernel.Entry) kernel.EntryOp {
+			return kernel.EntryOp{Kind: kernel.AddEntry, Set: set, Entry: e}
+		}
+		del := func(set kernel.IPSet, e kernel.Entry) kernel.EntryOp {
+			return kernel.EntryOp{Kind: kernel.DelEntry, Set: set, Entry: e}
+		}
+		e1b := e1
+		e1b.Comment = "ns/a:https"
+		ops := []kernel.EntryOp{
+			add(ipport, e1),
+			add(ipport, e2),
+			add(bm, kernel.Entry{Port: 30080}), // bitmap:port: port only on the wire
+			add(missing, kernel.Entry{IP: c4}), // 3: no such set
+			add(ipport, kernel.Entry{IP: a6, Protocol: kernel.ProtocolTCP, Port: 80}), // 4: wrong family
+			add(ipport, e1), // present: -exist
+			add(ip6, kernel.Entry{IP: a6}),
+			add(full, kernel.Entry{IP: a4}),
+			add(full, kernel.Entry{IP: b4}), // 8: set full (maxelem 1)
+			del(ipport, e2),
+			del(ipport, e2),                    // absent: -exist
+			add(bm, kernel.Entry{Port: 80}),    // 11: outside the range
+			add(ipport, e1b),                   // present: updates the comment
+			del(bm, kernel.Entry{Port: 30080}), // deleted again ...
+			add(bm, kernel.Entry{Port: 32767}), // ... and another added
+			{Kind: 0, Set: ipport, Entry: e2},  // 15: no kind
+			del(missing, kernel.Entry{IP: c4}), // 16: no such set
+		}
+		orig := slices.Clone(ops)
+		errs := s.ApplyEntries(ops)
+		if len(errs) != len(ops) {
+			t.Fatalf("ApplyEntries returned %d errors for %d ops", len(errs), len(ops))
+		}
+		if !slices.Equal(ops, orig) {
+			t.Errorf("ApplyEntries changed its argument")
+		}
+		want := map[int]error{3: kernel.ErrNotFound, 4: kernel.ErrInvalid, 11: kernel.ErrInvalid, 15: kernel.ErrInvalid, 16: kernel.ErrNotFound}
+		for i, err := range errs {
+			switch w, ok := want[i]; {
+			case ok:
+				wantErr(t, err, w, fmt.Sprintf("op %d (%v)", i, ops[i].Kind))
+			case i == 8:
+				if err == nil {
+					t.Errorf("op 8: add beyond maxelem 1 succeeded")
+				}
+			default:
+				must(t, err, fmt.Sprintf("op %d (%v %s to %s)", i, ops[i].Kind, ops[i].Entry.Format(ops[i].Set.Type), ops[i].Set.Name))
+			}
+		}
+		wantEntries(t, s, ipport, []kernel.Entry{e1b})
+		wantEntries(t, s, bm, []kernel.Entry{{Port: 32767}})
+		wantEntries(t, s, ip6, []kernel.Entry{{IP: a6}})
+		wantEntries(t, s, full, []kernel.Entry{{IP: a4}})
+		if errs := s.ApplyEntries(nil); len(errs) != 0 {
+			t.Errorf("ApplyEntries(nil) = %v, want no errors", errs)
+		}
+	})
+
+	t.Run("ApplyEntriesLargeBatch", func(t *testing.T) {
+		// More ops than one netlink batch holds, by count (plain entries)
+		// and by bytes (long comments), with a failure from the kernel and
+		// an invalid op in the middle: exactly those fail.
+		s := newIPSets(t)
+		plain := kernel.IPSet{Name: uniqueName("VSPT-L-"), Type: kernel.HashIPPort, Family: kernel.FamilyIPv4}
+		cmt := kernel.IPSet{Name: uniqueName("VSPT-LC-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4, Comments: true}
+		createSet(t, s, plain)
+		createSet(t, s, cmt)
+		missing := kernel.IPSet{Name: uniqueName("VSPT-L-MISSING-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4}
+		const nPlain, nCmt, gone, bad = 1500, 1000, 1700, 700
+		long := strings.Repeat("c", 200)
+		var ops []kernel.EntryOp
+		var wantPlain, wantCmt []kernel.Entry
+		for i := range nPlain {
+			e := kernel.Entry{IP: netip.AddrFrom4([4]byte{198, 18, 32 + byte(i>>8), byte(i)}), Protocol: kernel.ProtocolTCP, Port: 80}
+			wantPlain = append(wantPlain, e)
+			ops = append(ops, kernel.EntryOp{Kind: kernel.AddEntry, Set: plain, Entry: e})
+		}
+		for i := range nCmt {
+			e := kernel.Entry{IP: netip.AddrFrom4([4]byte{198, 18, 48 + byte(i>>8), byte(i)}), Comment: fmt.Sprintf("%s%d", long, i)}
+			wantCmt = append(wantCmt, e)
+			ops = append(ops, kernel.EntryOp{Kind: kernel.AddEntry, Set: cmt, Entry: e})
+		}
+		ops = slices.Insert(ops, gone, kernel.EntryOp{Kind: kernel.AddEntry, Set: missing, Entry: kernel.Entry{IP: testAddr4()}})
+		ops = slices.Insert(ops, bad, kernel.EntryOp{Kind: kernel.AddEntry, Set: plain, Entry: kernel.Entry{IP: testAddr4()}})
+		errs := s.ApplyEntries(ops)
+		if len(errs) != len(ops) {
+			t.Fatalf("ApplyEntries returned %d errors for %d ops", len(errs), len(ops))
+		}
+		for i, err := range errs {
+			switch i {
+			case bad:
+				wantErr(t, err, kernel.ErrInvalid, fmt.Sprintf("op %d (no port)", i))
+			case gone + 1: // shifted by the insert before it
+				wantErr(t, err, kernel.ErrNotFound, fmt.Sprintf("op %d (missing set)", i))
+			default:
+				if err != nil {
+					t.Fatalf("op %d: unexpected error: %v", i, err)
+				}
+			}
+		}
+		wantEntries(t, s, plain, wantPlain)
+		wantEntries(t, s, cmt, wantCmt)
+		// And all of them out again in one batch.
+		for i := range ops {
+			ops[i].Kind = kernel.DelEntry
+		}
+		for i, err := range s.ApplyEntries(ops) {
+			if i != bad && i != gone+1 && err != nil {
+				t.Fatalf("delete op %d: unexpected error: %v", i, err)
+			}
+		}
+		wantEntries(t, s, plain, nil)
+		wantEntries(t, s, cmt, nil)
+	})
+
+	t.Run("ApplyEntriesInvalidInput", func(t *testing.T) {
+		s := newIPSets(t)
+		set := kernel.IPSet{Name: uniqueName("VSPT-BI-"), Type: kernel.HashIPPort, Family: kernel.FamilyIPv4}
+		createSet(t, s, set)
+		plain := kernel.IPSet{Name: uniqueName("VSPT-BI-NOCMT-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4}
+		createSet(t, s, plain)
+		set6 := kernel.IPSet{Name: uniqueName("VSPT-BI-6-"), Type: kernel.HashIP, Family: kernel.FamilyIPv6}
+		createSet(t, s, set6)
+		ops := []kernel.EntryOp{
+			{Kind: kernel.AddEntry, Set: set, Entry: kernel.Entry{IP: testAddr4(), Port: 80}},                     // no protocol
+			{Kind: kernel.AddEntry, Set: set, Entry: kernel.Entry{Protocol: kernel.ProtocolTCP, Port: 80}},        // no IP
+			{Kind: kernel.DelEntry, Set: set, Entry: kernel.Entry{IP: testAddr6(), Protocol: kernel.ProtocolTCP}}, // wrong family
+			{Kind: kernel.AddEntry, Set: plain, Entry: kernel.Entry{IP: testAddr4(), Comment: "x"}},               // comment without the extension
+			{Kind: kernel.AddEntry, Set: set6, Entry: kernel.Entry{IP: testAddr6().WithZone("eth0")}},             // zone
+			{Kind: 7, Set: set, Entry: kernel.Entry{IP: testAddr4(), Protocol: kernel.ProtocolTCP, Port: 80}},     // unknown kind
+		}
+		for i, err := range s.ApplyEntries(ops) {
+			wantErr(t, err, kernel.ErrInvalid, fmt.Sprintf("op %d %+v", i, ops[i]))
+		}
+		wantEntries(t, s, set, nil)
+		wantEntries(t, s, plain, nil)
+		wantEntries(t, s, set6, nil)
+		// A comment on a delete is ignored, as DelEntry ignores it.
+		e := kernel.Entry{IP: testAddr4()}
+		must(t, s.AddEntry(plain, e), "add")
+		del := kernel.Entry{IP: e.IP, Comment: "ignored"}
+		for _, err := range s.ApplyEntries([]kernel.EntryOp{{Kind: kernel.DelEntry, Set: plain, Entry: del}}) {
+			must(t, err, "delete with a comment from a set without comments")
+		}
+		wantEntries(t, s, plain, nil)
 	})
 
 	t.Run("ConcurrentUse", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -95,6 +96,104 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		_, err = l.BindAddress(dev, testAddr6().WithZone("eth0"))
 		wantErr(t, err, kernel.ErrInvalid, "bind zoned address")
 		wantErr(t, l.UnbindAddress(dev, testAddr6().WithZone("eth0")), kernel.ErrInvalid, "unbind zoned address")
+	})
+
+	runLinksBatch(t, newLinks)
+}
+
+// runLinksBatch checks Links.ApplyAddresses (part of RunLinks).
+func runLinksBatch(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
+	bind := func(a netip.Addr) kernel.AddressOp { return kernel.AddressOp{Kind: kernel.BindAddress, Addr: a} }
+	unbind := func(a netip.Addr) kernel.AddressOp { return kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: a} }
+	apply := func(t *testing.T, l kernel.Links, dev string, ops []kernel.AddressOp, want map[int]error) {
+		t.Helper()
+		orig := slices.Clone(ops)
+		errs := l.ApplyAddresses(dev, ops)
+		if len(errs) != len(ops) {
+			t.Fatalf("ApplyAddresses returned %d errors for %d ops", len(errs), len(ops))
+		}
+		if !slices.Equal(ops, orig) {
+			t.Errorf("ApplyAddresses changed its argument")
+		}
+		for i, err := range errs {
+			if w, ok := want[i]; ok {
+				wantErr(t, err, w, fmt.Sprintf("op %d (%v %v)", i, ops[i].Kind, ops[i].Addr))
+			} else {
+				must(t, err, fmt.Sprintf("op %d (%v %v)", i, ops[i].Kind, ops[i].Addr))
+			}
+		}
+	}
+
+	t.Run("ApplyAddressesBatch", func(t *testing.T) {
+		l := newLinks(t)
+		dev := ensureDummy(t, l)
+		a4, b4, c4, a6, b6 := testAddr4(), testAddr4(), testAddr4(), testAddr6(), testAddr6()
+		apply(t, l, dev, []kernel.AddressOp{
+			bind(a4),
+			bind(b4),
+			bind(a4),           // 2: already bound (BindAddress: added=false)
+			bind(netip.Addr{}), // 3: no address
+			bind(a6),
+			bind(b6),
+			unbind(b4),
+			unbind(testAddr4()),         // 7: never bound
+			unbind(b6.WithZone("eth0")), // 8: zone
+			unbind(b6),
+			{Kind: 0, Addr: c4},               // 10: no kind
+			bind(netip.AddrFrom16(c4.As16())), // IPv4-mapped: binds c4
+			unbind(b4),                        // 12: already unbound in this batch
+		}, map[int]error{3: kernel.ErrInvalid, 8: kernel.ErrInvalid, 10: kernel.ErrInvalid})
+		want := []netip.Addr{a4, c4, a6}
+		slices.SortFunc(want, netip.Addr.Compare)
+		wantBound(t, l, dev, want)
+		if errs := l.ApplyAddresses(dev, nil); len(errs) != 0 {
+			t.Errorf("ApplyAddresses(nil) = %v, want no errors", errs)
+		}
+	})
+
+	t.Run("ApplyAddressesLargeBatch", func(t *testing.T) {
+		// More ops than one netlink batch holds, with answers from the
+		// kernel (a duplicate bind, unbinds of absent addresses) and
+		// invalid ops in the middle.
+		l := newLinks(t)
+		dev := ensureDummy(t, l)
+		const n = 1500
+		var ops []kernel.AddressOp
+		var want []netip.Addr
+		for i := range n {
+			a := netip.AddrFrom4([4]byte{198, 18, 96 + byte(i>>8), byte(i)})
+			want = append(want, a)
+			ops = append(ops, bind(a))
+		}
+		ops = slices.Insert(ops, 1100, bind(want[1000]), unbind(testAddr4()), bind(netip.Addr{}))
+		ops = slices.Insert(ops, 600, bind(testAddr6().WithZone("eth0")))
+		apply(t, l, dev, ops, map[int]error{600: kernel.ErrInvalid, 1103: kernel.ErrInvalid})
+		wantBound(t, l, dev, want)
+		for i := range ops {
+			ops[i].Kind = kernel.UnbindAddress
+		}
+		apply(t, l, dev, ops, map[int]error{600: kernel.ErrInvalid, 1103: kernel.ErrInvalid})
+		wantBound(t, l, dev, []netip.Addr{})
+	})
+
+	t.Run("ApplyAddressesMissingDevice", func(t *testing.T) {
+		l := newLinks(t)
+		dev := uniqueName("vsptno")
+		apply(t, l, dev, []kernel.AddressOp{bind(testAddr4()), unbind(testAddr4()), bind(testAddr6()), bind(netip.Addr{})},
+			map[int]error{0: kernel.ErrNotFound, 2: kernel.ErrNotFound, 3: kernel.ErrInvalid})
+	})
+
+	t.Run("ApplyAddressesInvalidInput", func(t *testing.T) {
+		l := newLinks(t)
+		dev := ensureDummy(t, l)
+		ops := []kernel.AddressOp{bind(testAddr4()), unbind(testAddr4())}
+		for _, bad := range []string{"", "name-longer-than-15"} {
+			apply(t, l, bad, ops, map[int]error{0: kernel.ErrInvalid, 1: kernel.ErrInvalid})
+		}
+		apply(t, l, dev, []kernel.AddressOp{
+			bind(netip.Addr{}), bind(testAddr6().WithZone("eth0")), unbind(netip.Addr{}), {Kind: 9, Addr: testAddr4()},
+		}, map[int]error{0: kernel.ErrInvalid, 1: kernel.ErrInvalid, 2: kernel.ErrInvalid, 3: kernel.ErrInvalid})
+		wantBound(t, l, dev, []netip.Addr{})
 	})
 }
 

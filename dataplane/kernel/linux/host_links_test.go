@@ -3,6 +3,7 @@ package linux_test
 import (
 	"errors"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -121,6 +122,70 @@ func TestNewIPVSProbe(t *testing.T) {
 	for _, vs := range list {
 		if vs.Key.FWMark == 0x7f5eed01 {
 			t.Errorf("probe virtual server left behind: %+v", vs)
+		}
+	}
+}
+
+// TestApplyAddressesOnVeth runs batched binds against the real kernel on a
+// veth device (the dummy-device contract runs in the VM): a kernel failure
+// in the middle of a large batch (IPv6 disabled on the device) fails only
+// its op, an address bound with another prefix length is still unbound,
+// and the batch goes out in sendmsg calls of up to 512 requests.
+func TestApplyAddressesOnVeth(t *testing.T) {
+	requireNetns(t)
+	l, err := linux.NewLinks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	const dev = "vspt-veth2"
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: dev}, PeerName: "vspt-veth3"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("create veth pair: %v", err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+dev+"/disable_ipv6", []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link, err := netlink.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide, _ := netlink.ParseAddr("198.18.240.7/24")
+	if err := netlink.AddrAdd(link, wide); err != nil {
+		t.Fatal(err)
+	}
+
+	const n, v6At, wideAt = 1200, 700, 300
+	var ops []kernel.AddressOp
+	var want []netip.Addr
+	for i := range n {
+		a := netip.AddrFrom4([4]byte{198, 18, 236 + byte(i>>8), byte(i)})
+		want = append(want, a)
+		ops = append(ops, kernel.AddressOp{Kind: kernel.BindAddress, Addr: a})
+	}
+	ops = slices.Insert(ops, v6At, kernel.AddressOp{Kind: kernel.BindAddress, Addr: netip.MustParseAddr("2001:2:0:ec::1")})
+	ops = slices.Insert(ops, wideAt, kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: netip.MustParseAddr("198.18.240.7")})
+	before := l.BatchSends()
+	errs := l.ApplyAddresses(dev, ops)
+	for i, err := range errs {
+		if (i == v6At+1) != (err != nil) {
+			t.Errorf("op %d (%v %v): %v", i, ops[i].Kind, ops[i].Addr, err)
+		}
+	}
+	t.Logf("IPv6 bind with IPv6 disabled: %v", errs[v6At+1])
+	if got, want := l.BatchSends()-before, 3; got != want {
+		t.Errorf("%d ops: %d sendmsg calls, want %d", len(ops), got, want)
+	}
+	got, err := l.BoundAddresses(dev)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("bound: %d addresses (%v), want the %d IPv4 ones", len(got), err, len(want))
+	}
+
+	l.BreakBatch()
+	for i, err := range l.ApplyAddresses(dev, ops[:3]) {
+		if err == nil || !strings.Contains(err.Error(), "outcome unknown") {
+			t.Errorf("op %d after a failed exchange: got %v, want an outcome-unknown error", i, err)
 		}
 	}
 }

@@ -2,6 +2,8 @@ package linux_test
 
 import (
 	"context"
+	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,5 +131,65 @@ func TestSysctlContractFakeRoot(t *testing.T) {
 	v, err := linux.NewSysctl(root).KernelVersion()
 	if err != nil || v.AtLeast(5, 9) || v.Major != 5 || v.Minor != 4 {
 		t.Errorf("kernel version from fake root: %+v, %v; want 5.4", v, err)
+	}
+}
+
+// TestIPSetsApplyEntriesBatches: ApplyEntries sends up to 512 requests per
+// sendmsg, fewer when they are large, and a failed exchange reports every
+// op of its batch as failed with an unknown outcome (bad input still as
+// ErrInvalid).
+func TestIPSetsApplyEntriesBatches(t *testing.T) {
+	s := newIPSets(t)
+	set := kernel.IPSet{Name: "VSPT-BATCHES", Type: kernel.HashIP, Family: kernel.FamilyIPv4, Comments: true}
+	if err := s.CreateSet(set); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.DestroySet(set.Name) })
+	ops := func(n int, comment string) []kernel.EntryOp {
+		out := make([]kernel.EntryOp, n)
+		for i := range out {
+			out[i] = kernel.EntryOp{Kind: kernel.AddEntry, Set: set,
+				Entry: kernel.Entry{IP: netip.AddrFrom4([4]byte{198, 18, 200 + byte(i>>8), byte(i)}), Comment: comment}}
+		}
+		return out
+	}
+	for _, c := range []struct {
+		n       int
+		comment string
+		sends   int
+	}{
+		{1, "", 1},
+		{512, "", 1},
+		{1300, "", 3},                       // by count: 512 + 512 + 276
+		{1000, strings.Repeat("c", 250), 4}, // by bytes: ~350 bytes each, 96 KiB a batch
+	} {
+		before := s.BatchSends()
+		for i, err := range s.ApplyEntries(ops(c.n, c.comment)) {
+			if err != nil {
+				t.Fatalf("%d ops: op %d: %v", c.n, i, err)
+			}
+		}
+		if got := s.BatchSends() - before; got != c.sends {
+			t.Errorf("%d ops of comment length %d: %d sendmsg calls, want %d", c.n, len(c.comment), got, c.sends)
+		}
+	}
+	if got, err := s.ListEntries(set.Name); err != nil || len(got) != 1300 {
+		t.Fatalf("entries: %d, %v; want 1300", len(got), err)
+	}
+
+	s.BreakBatch()
+	batch := append(ops(3, ""), kernel.EntryOp{Kind: kernel.AddEntry, Set: set, Entry: kernel.Entry{Port: 80}})
+	errs := s.ApplyEntries(batch)
+	for i, err := range errs[:3] {
+		if err == nil || !strings.Contains(err.Error(), "outcome unknown") {
+			t.Errorf("op %d after a failed exchange: got %v, want an outcome-unknown error", i, err)
+		}
+	}
+	if !errors.Is(errs[3], kernel.ErrInvalid) {
+		t.Errorf("invalid op with a failed exchange: got %v, want ErrInvalid", errs[3])
+	}
+	// The single calls have their own socket.
+	if err := s.AddEntry(set, kernel.Entry{IP: netip.MustParseAddr("198.18.199.1")}); err != nil {
+		t.Errorf("single add after the batch socket broke: %v", err)
 	}
 }

@@ -22,7 +22,9 @@ import (
 type IPSets struct {
 	mu   sync.Mutex
 	sock *nl.SocketHandle
-	revs map[string]uint8 // "type/family" -> highest revision the kernel offers
+	// batch carries ApplyEntries: many entry writes per syscall.
+	batch *nlBatch
+	revs  map[string]uint8 // "type/family" -> highest revision the kernel offers
 }
 
 var _ kernel.IPSets = (*IPSets)(nil)
@@ -44,14 +46,19 @@ func NewIPSets() (*IPSets, error) {
 		s.Close()
 		return nil, fmt.Errorf("ipset: kernel does not answer the ipset netlink protocol (is the ip_set module available?): %w", err)
 	}
+	if h.batch, err = newNLBatch(unix.NETLINK_NETFILTER); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("ipset: %w", err)
+	}
 	return h, nil
 }
 
-// Close releases the netlink socket.
+// Close releases the netlink sockets.
 func (h *IPSets) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sock.Close()
+	h.batch.close()
 }
 
 // exec sends req on the shared socket and returns the reply payloads.
@@ -207,31 +214,86 @@ func (h *IPSets) FlushSet(name string) error {
 	return h.nameOnly(nl.IPSET_CMD_FLUSH, "flush", name)
 }
 
-func (h *IPSets) adt(cmd int, what string, set kernel.IPSet, e kernel.Entry) error {
-	if err := e.Validate(set); err != nil {
-		return err
-	}
-	e = e.Normalize()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	// No NLM_F_EXCL: add of a present / del of an absent entry is fine
-	// (ipset's -exist, what kube-proxy uses).
-	req := newIpsetRequest(cmd, unix.NLM_F_ACK)
+// adtRequest is the request adding (IPSET_CMD_ADD) or deleting e (valid,
+// normalized) in set. No NLM_F_EXCL: add of a present / del of an absent
+// entry is fine (ipset's -exist, what kube-proxy uses).
+func adtRequest(cmd int, flags int, set kernel.IPSet, e kernel.Entry) *nl.NetlinkRequest {
+	req := newIpsetRequest(cmd, flags)
 	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(set.Name)))
 	req.AddData(entryData(set.Type, e))
-	if _, err := h.exec(req); err != nil {
-		return ipsetError(fmt.Sprintf("%s %s in ipset %s", what, e.Format(set.Type), set.Name), err)
+	return req
+}
+
+// adtOp is the command and wording of an entry write.
+func adtOp(k kernel.EntryOpKind) (cmd int, what string) {
+	if k == kernel.DelEntry {
+		return nl.IPSET_CMD_DEL, "delete"
+	}
+	return nl.IPSET_CMD_ADD, "add"
+}
+
+func adtWhat(what string, set kernel.IPSet, e kernel.Entry) string {
+	return fmt.Sprintf("%s %s in ipset %s", what, e.Format(set.Type), set.Name)
+}
+
+// adtEntry is the entry op sends: normalized, without comment for a delete.
+func adtEntry(op kernel.EntryOp) kernel.Entry {
+	e := op.Entry.Normalize()
+	if op.Kind == kernel.DelEntry {
+		e.Comment = ""
+	}
+	return e
+}
+
+func (h *IPSets) adt(op kernel.EntryOp) error {
+	if err := op.Validate(); err != nil {
+		return err
+	}
+	e := adtEntry(op)
+	cmd, what := adtOp(op.Kind)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, err := h.exec(adtRequest(cmd, unix.NLM_F_ACK, op.Set, e)); err != nil {
+		return ipsetError(adtWhat(what, op.Set, e), err)
 	}
 	return nil
 }
 
 func (h *IPSets) AddEntry(set kernel.IPSet, e kernel.Entry) error {
-	return h.adt(nl.IPSET_CMD_ADD, "add", set, e)
+	return h.adt(kernel.EntryOp{Kind: kernel.AddEntry, Set: set, Entry: e})
 }
 
 func (h *IPSets) DelEntry(set kernel.IPSet, e kernel.Entry) error {
-	e.Comment = ""
-	return h.adt(nl.IPSET_CMD_DEL, "delete", set, e)
+	return h.adt(kernel.EntryOp{Kind: kernel.DelEntry, Set: set, Entry: e})
+}
+
+// ApplyEntries sends ops in batches of many netlink requests per syscall
+// (see kernel.IPSets.ApplyEntries and nlBatch), each built and its error
+// mapped exactly like the single call's.
+func (h *IPSets) ApplyEntries(ops []kernel.EntryOp) []error {
+	errs := make([]error, len(ops))
+	valid := validOps(ops, kernel.EntryOp.Validate, errs)
+	if len(valid) == 0 {
+		return errs
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	res := h.batch.do(len(valid), func(j int) (uint16, []byte) {
+		op := ops[valid[j]]
+		cmd, _ := adtOp(op.Kind)
+		return requestPayload(adtRequest(cmd, 0, op.Set, adtEntry(op)))
+	})
+	for j, i := range valid {
+		op := ops[i]
+		_, what := adtOp(op.Kind)
+		switch {
+		case res[j].lost != nil:
+			errs[i] = fmt.Errorf("ipset: %s: %w: %w", adtWhat(what, op.Set, adtEntry(op)), errBatchLost, res[j].lost)
+		case res[j].errno != 0:
+			errs[i] = ipsetError(adtWhat(what, op.Set, adtEntry(op)), res[j].errno)
+		}
+	}
+	return errs
 }
 
 type listedSet struct {

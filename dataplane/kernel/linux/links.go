@@ -12,6 +12,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 )
@@ -20,6 +21,8 @@ import (
 type Links struct {
 	mu sync.Mutex
 	h  *netlink.Handle
+	// batch carries ApplyAddresses: many binds/unbinds per syscall.
+	batch *nlBatch
 }
 
 var _ kernel.Links = (*Links)(nil)
@@ -34,7 +37,12 @@ func NewLinks() (*Links, error) {
 		h.Close()
 		return nil, fmt.Errorf("links: socket timeout: %w", err)
 	}
-	return &Links{h: h}, nil
+	b, err := newNLBatch(unix.NETLINK_ROUTE)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("links: %w", err)
+	}
+	return &Links{h: h, batch: b}, nil
 }
 
 // Close releases the netlink sockets.
@@ -42,6 +50,7 @@ func (l *Links) Close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.h.Close()
+	l.batch.close()
 }
 
 func validDev(name string) error {
@@ -192,15 +201,24 @@ func (l *Links) UnbindAddress(dev string, addr netip.Addr) error {
 	case !errors.Is(err, syscall.EADDRNOTAVAIL):
 		return linkErr(fmt.Sprintf("links: unbind %v from %s", addr, dev), err)
 	}
-	// Delete the address with whatever prefix length it has.
 	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {
 		return linkErr("links: list addresses of "+dev, err)
 	}
+	return l.unbindOther(link, dev, addr, addrs)
+}
+
+// unbindOther deletes addr from link where addrs (the device's addresses)
+// hold it with a prefix length other than the host length the agent
+// binds: the fallback of an unbind whose host-prefix delete found nothing.
+func (l *Links) unbindOther(link netlink.Link, dev string, addr netip.Addr, addrs []netlink.Addr) error {
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok || ip.Unmap() != addr {
 			continue
+		}
+		if ones, _ := a.Mask.Size(); ones == addr.BitLen() {
+			continue // the host prefix: its delete just found nothing
 		}
 		err := l.h.AddrDel(link, &a)
 		if err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.ENXIO) && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ENODEV) {
@@ -208,6 +226,101 @@ func (l *Links) UnbindAddress(dev string, addr netip.Addr) error {
 		}
 	}
 	return nil
+}
+
+// addrRequest is the rtnetlink request binding (RTM_NEWADDR, NLM_F_EXCL:
+// a bound address answers EEXIST) or unbinding (RTM_DELADDR) addr as a
+// host prefix on the device with index idx, as netlink's AddrAdd/AddrDel
+// build it for a host prefix (no broadcast, no label, no lifetimes).
+func addrRequest(kind kernel.AddressOpKind, idx int, addr netip.Addr) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(unix.RTM_DELADDR, 0)
+	if kind == kernel.BindAddress {
+		req = nl.NewNetlinkRequest(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	}
+	family := unix.AF_INET
+	if addr.Is6() {
+		family = unix.AF_INET6
+	}
+	msg := nl.NewIfAddrmsg(family)
+	msg.Index = uint32(idx)
+	msg.Prefixlen = uint8(addr.BitLen())
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, addr.AsSlice()))
+	req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, addr.AsSlice()))
+	return req
+}
+
+// ApplyAddresses binds and unbinds addresses on dev in batches of many
+// rtnetlink requests per syscall (see kernel.Links.ApplyAddresses and
+// nlBatch), with the single calls' semantics per op: EEXIST on a bind is
+// success (already bound), an unbind that finds no host prefix falls back
+// to deleting the address with whatever prefix length it has (after the
+// batch, one address listing for all of them).
+func (l *Links) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
+	errs := make([]error, len(ops))
+	if err := validDev(dev); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	valid := validOps(ops, kernel.AddressOp.Validate, errs)
+	if len(valid) == 0 {
+		return errs
+	}
+	what := func(op kernel.AddressOp) string {
+		if op.Kind == kernel.BindAddress {
+			return fmt.Sprintf("links: bind %v to %s", op.Addr.Unmap(), dev)
+		}
+		return fmt.Sprintf("links: unbind %v from %s", op.Addr.Unmap(), dev)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	link, err := l.linkByName(dev)
+	if err != nil || link == nil {
+		for _, i := range valid {
+			switch {
+			case err != nil:
+				errs[i] = err
+			case ops[i].Kind == kernel.BindAddress:
+				errs[i] = fmt.Errorf("%s: %w", what(ops[i]), kernel.ErrNotFound)
+			}
+		}
+		return errs
+	}
+	idx := link.Attrs().Index
+	res := l.batch.do(len(valid), func(j int) (uint16, []byte) {
+		op := ops[valid[j]]
+		return requestPayload(addrRequest(op.Kind, idx, op.Addr.Unmap()))
+	})
+	var other []int // unbinds that found no host prefix
+	for j, i := range valid {
+		op, r := ops[i], res[j]
+		switch {
+		case r.lost != nil:
+			errs[i] = fmt.Errorf("%s: %w: %w", what(op), errBatchLost, r.lost)
+		case r.errno == 0:
+		case op.Kind == kernel.BindAddress && r.errno == syscall.EEXIST:
+			// Already bound: BindAddress's added=false.
+		case op.Kind == kernel.UnbindAddress && r.errno == syscall.ENODEV:
+		case op.Kind == kernel.UnbindAddress && r.errno == syscall.EADDRNOTAVAIL:
+			other = append(other, i)
+		default:
+			errs[i] = linkErr(what(op), r.errno)
+		}
+	}
+	if len(other) == 0 {
+		return errs
+	}
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(link, netlink.FAMILY_ALL) })
+	for _, i := range other {
+		if err != nil {
+			errs[i] = linkErr("links: list addresses of "+dev, err)
+			continue
+		}
+		errs[i] = l.unbindOther(link, dev, ops[i].Addr.Unmap(), addrs)
+	}
+	return errs
 }
 
 func (l *Links) BoundAddresses(dev string) ([]netip.Addr, error) {

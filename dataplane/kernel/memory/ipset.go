@@ -132,6 +132,10 @@ func (m *IPSets) DelEntry(want kernel.IPSet, e kernel.Entry) error {
 	return nil
 }
 
+// ApplyEntries performs ops one by one (see kernel.IPSets.ApplyEntries), so
+// fault hooks and call counters see every op.
+func (m *IPSets) ApplyEntries(ops []kernel.EntryOp) []error { return kernel.ApplyEntriesEach(m, ops) }
+
 func (m *IPSets) ListSets() ([]kernel.IPSet, error) {
 	k := m.k()
 	k.mu.Lock()

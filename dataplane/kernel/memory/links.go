@@ -156,6 +156,12 @@ func (m *Links) UnbindAddress(dev string, addr netip.Addr) error {
 	return nil
 }
 
+// ApplyAddresses performs ops one by one (see kernel.Links.ApplyAddresses),
+// so fault hooks and call counters see every op.
+func (m *Links) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
+	return kernel.ApplyAddressesEach(m, dev, ops)
+}
+
 func (m *Links) BoundAddresses(dev string) ([]netip.Addr, error) {
 	if err := validDev(dev); err != nil {
 		return nil, err

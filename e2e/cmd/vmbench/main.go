@@ -14,9 +14,10 @@
 //  3. R times: add one extra Service, then remove it (the removal unbinds its
 //     address from kube-ipvs0 while N others stay bound).
 //
-// --endpoints sets the endpoints per Service (default 2). --unbatched sends
-// IPVS writes one netlink request at a time (the path before batching: the
-// baseline). --chunk-ops K applies the cold start as consecutive Deltas of
+// --endpoints sets the endpoints per Service (default 2). --unbatched makes
+// every batched kernel path one netlink request per item (IPVS writes,
+// ipset entry writes, kube-ipvs0 binds/unbinds: the path before batching,
+// the baseline). --chunk-ops K applies the cold start as consecutive Deltas of
 // at most K estimated kernel operations each, like the control plane's
 // bounded Deltas, and reports each Service's latency from the start of the
 // burst to the Ack of the Delta that carried it.
@@ -62,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	changes := fs.Int("changes", 50, "one-endpoint-change Applies to time (>= 1)")
 	removes := fs.Int("removes", 10, "add+remove pairs of one extra Service to time (>= 0)")
 	endpoints := fs.Int("endpoints", 2, "endpoints per Service (2..90)")
-	unbatched := fs.Bool("unbatched", false, "one netlink request per IPVS write (the baseline before batching)")
+	unbatched := fs.Bool("unbatched", false, "one netlink request per kernel write: IPVS, ipset entries and kube-ipvs0 addresses (the baseline before batching)")
 	chunkOps := fs.Int("chunk-ops", 0, "apply the cold start as Deltas of at most this many estimated kernel operations (0: one Delta)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -99,6 +100,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// never started anyway).
 	if *unbatched {
 		k.IPVS = oneByOne{k.IPVS}
+		k.IPSets = oneByOneSets{k.IPSets}
+		k.Links = oneByOneLinks{k.Links}
 	}
 	r, err := reconcile.New(k, reconcile.Config{Period: time.Hour}, log)
 	if err != nil {
@@ -155,11 +158,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return enc.Encode(res)
 }
 
-// oneByOne sends every IPVS write as its own netlink request: the
-// baseline the batched path is measured against.
+// oneByOne, oneByOneSets and oneByOneLinks send every write of a batch as
+// its own netlink request: the baseline the batched paths are measured
+// against.
 type oneByOne struct{ kernel.IPVS }
 
 func (o oneByOne) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(o.IPVS, ops) }
+
+type oneByOneSets struct{ kernel.IPSets }
+
+func (o oneByOneSets) ApplyEntries(ops []kernel.EntryOp) []error {
+	return kernel.ApplyEntriesEach(o.IPSets, ops)
+}
+
+type oneByOneLinks struct{ kernel.Links }
+
+func (o oneByOneLinks) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
+	return kernel.ApplyAddressesEach(o.Links, dev, ops)
+}
 
 // coldStart applies svcs into the empty kernel, as one Delta or as
 // consecutive Deltas of at most chunkOps estimated operations (whole
