@@ -49,6 +49,7 @@ lint: check-generated
 	$(GO) mod tidy -diff
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
+	$(GO) vet -tags apicostbench ./e2e/apicost
 
 check-generated: proto generate
 	@if [ -n "$$(git status --porcelain -- proto controlplane/apis deploy/crds)" ]; then \
@@ -96,11 +97,14 @@ fuzz:
 demo: tools
 	DURATION=$(DURATION) bash scripts/demo.sh
 
+# API-server cost at watchers x Services x endpoints (the full 1000x10000x10 takes ~30 min here)
+APICOST_SIZE ?= 1000x1000x10
 ## bench: control-plane (10k Services x 1k nodes) and reconciler benchmarks, and the state-memory
 ## sweep (writes bench/results/memory.{json,md,png}) (measurements, not CI; CI runs each at a tiny size)
 bench:
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'EndpointChange' -benchtime 2000x -benchmem
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'StateMemory' -benchtime 1x -timeout 30m
+	APICOST_SIZE=$(APICOST_SIZE) $(GO) test -tags apicostbench -v -count=1 -timeout 90m -run TestAPICostBench ./e2e/apicost
 	$(GO) test ./dataplane/reconcile -run '^$$' -bench 'ApplyOne' -benchtime 2000x -count 5
 
 ## bench-vm: agent apply time on the real kernel in the VM, 1k vs 10k Services, and a 2,000 x 10
