@@ -136,7 +136,13 @@ func run() error {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
 	restCfg.QPS, restCfg.Burst = float32(*qps), int(*qps*2)
-	kube, err := kubernetes.NewForConfig(restCfg)
+	// Protobuf for the typed client (about half the watch bytes of JSON,
+	// measured by e2e/apicost); the dynamic client keeps JSON (CRDs have
+	// no protobuf encoding).
+	typedCfg := rest.CopyConfig(restCfg)
+	typedCfg.ContentType = "application/vnd.kubernetes.protobuf"
+	typedCfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	kube, err := kubernetes.NewForConfig(typedCfg)
 	if err != nil {
 		return err
 	}
