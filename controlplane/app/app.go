@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/vsplane/vsplane/controlplane/config"
 	"github.com/vsplane/vsplane/controlplane/engine"
 	"github.com/vsplane/vsplane/controlplane/inspect"
 	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
@@ -69,6 +70,10 @@ type Config struct {
 	Watch watch.Options
 	// Translate is the cluster-wide configuration of every node's state.
 	Translate translate.Config
+	// Reload, if set, polls the configuration file Translate came from: a
+	// valid new version's fleet settings are applied live (Engine.SetTranslate,
+	// then a recomputation); an invalid one is logged and not applied.
+	Reload *config.Reloader
 	// Stream tunes the agent streams (hooks are chained after the replica's
 	// own; Ready is set by the replica).
 	Stream stream.Options
@@ -142,6 +147,13 @@ func New(cfg Config) (*Replica, error) {
 	eng, err := engine.New(ecfg, store, log.Named("engine"))
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: engine: %w", err)
+	}
+	if cfg.Reload != nil {
+		for _, c := range cfg.Reload.Collectors() {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("controlplane: config metrics: %w", err)
+			}
+		}
 	}
 	metrics, err := cpmetrics.New(reg, nil)
 	if err != nil {
@@ -303,11 +315,25 @@ func (s readySink) Apply(ctx context.Context, ch *watch.Changes) error {
 	return nil
 }
 
+// SetTranslate applies new fleet settings live: the engine switches to
+// them on its next Apply, which it asks the watcher for, and every node
+// receives what changed for it.
+func (r *Replica) SetTranslate(c translate.Config) {
+	r.Engine.SetTranslate(c)
+	r.Watcher.Trigger()
+}
+
 // Run serves until ctx ends, then stops the streams (agents stay fail-static
 // and reconnect to another replica) and the servers.
 func (r *Replica) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(r.Watcher.Run(ctx)) })
+	if r.cfg.Reload != nil {
+		g.Go(func() error {
+			r.cfg.Reload.Run(ctx, r.SetTranslate)
+			return nil
+		})
+	}
 	if r.Rollouts != nil {
 		g.Go(func() error {
 			// Only a replica that serves (synced, first computation done)

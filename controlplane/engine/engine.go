@@ -69,6 +69,12 @@ type Engine struct {
 	// resync: Services the current periodic self-check has still to redo.
 	resync []model.ServiceKey
 
+	// nextMu guards next: fleet settings SetTranslate left for the next
+	// Apply (settings.go). Separate from mu so SetTranslate never waits for
+	// a running Apply.
+	nextMu sync.Mutex
+	next   *translate.Config
+
 	invalid      *prometheus.CounterVec
 	applySeconds prometheus.Histogram
 	translations prometheus.Counter
@@ -156,7 +162,9 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 
 	w := &work{dirty: map[model.ServiceKey]time.Time{}, fresh: map[string]time.Time{}, b: &e.batch}
 	w.b.Reset()
+	settings := e.takeTranslate()
 	e.applyNodes(w, ch.Nodes)
+	e.applySettings(w, settings, ch.Nodes)
 	e.applySlices(w, ch.Slices)
 	e.applyServices(w, ch.Services)
 	e.applyRollouts(w, ch)
@@ -330,9 +338,13 @@ func (e *Engine) resyncChunk() []model.ServiceKey {
 	return chunk
 }
 
-// Pending reports whether a periodic resync has Services left; the watcher
-// then calls Apply again (watch.PendingSink).
+// Pending reports whether a periodic resync has Services left or new fleet
+// settings wait (SetTranslate); the watcher then calls Apply again
+// (watch.PendingSink).
 func (e *Engine) Pending() bool {
+	if e.settingsPending() {
+		return true
+	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return len(e.resync) > 0

@@ -79,3 +79,22 @@ func prefixes(ps []netip.Prefix) []string {
 	}
 	return out
 }
+
+// UsesNodePortAddresses reports whether Service(in, node, cfg) reads
+// cfg.NodePortAddresses for svc. Contract: it is the only field of Config
+// that Service reads, and only for a Service with an external or
+// load-balancer IP on a port that is one of its NodePorts (is that address
+// a NodePort address of the node?); every other field shapes NodeSettings
+// only. So a Config change needs the node settings rewritten, and Services
+// recomputed only where this is true and NodePortAddresses changed.
+func UsesNodePortAddresses(svc *model.Service) bool {
+	if svc == nil || len(svc.ExternalIPs)+len(svc.LoadBalancerIPs) == 0 {
+		return false
+	}
+	for _, sp := range svc.Ports {
+		if _, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok {
+			return true
+		}
+	}
+	return false
+}

@@ -251,6 +251,12 @@ func (w *Watcher) sync(periodic bool) error {
 	return nil
 }
 
+// Trigger asks for a run soon (after the coalescing gap) even without
+// object changes, for work the sink holds itself (a PendingSink whose
+// Pending is true: new settings). Before the initial sync it does nothing:
+// the first run comes anyway.
+func (w *Watcher) Trigger() { w.request(true) }
+
 func (w *Watcher) sinkPending() bool {
 	p, ok := w.sink.(PendingSink)
 	return ok && p.Pending()

@@ -8,12 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -25,8 +23,8 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/app"
 	"github.com/vsplane/vsplane/controlplane/auth"
+	"github.com/vsplane/vsplane/controlplane/config"
 	"github.com/vsplane/vsplane/controlplane/stream"
-	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/internal/bearer"
 	"github.com/vsplane/vsplane/internal/tlsfiles"
@@ -42,46 +40,27 @@ func main() {
 
 func run() error {
 	var (
-		kubeconfig    = flag.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
-		listen        = flag.String("listen", ":18000", "gRPC address (agent stream, inspection, health, reflection)")
-		metricsAddr   = flag.String("metrics-address", "127.0.0.1:18001", "address for /metrics; empty disables")
-		minSync       = flag.Duration("min-sync-interval", 100*time.Millisecond, "longest coalescing wait between recomputations while changes keep coming (a cheap recomputation waits 4x its duration)")
-		maxSync       = flag.Duration("max-sync-interval", time.Hour, "maximum interval between recomputations (periodic resync)")
-		scheduler     = flag.String("scheduler", wire.DefaultScheduler, "default IPVS scheduler")
-		tcpTimeout    = flag.Duration("ipvs-tcp-timeout", 0, "IPVS TCP timeout; 0 leaves the kernel's value")
-		tcpFinTimeout = flag.Duration("ipvs-tcpfin-timeout", 0, "IPVS TCP FIN timeout; 0 leaves the kernel's value")
-		udpTimeout    = flag.Duration("ipvs-udp-timeout", 0, "IPVS UDP timeout; 0 leaves the kernel's value")
-		strictARP     = flag.Bool("ipvs-strict-arp", false, "set arp_ignore=1 and arp_announce=2 on nodes")
-		masqAll       = flag.Bool("masquerade-all", false, "SNAT all traffic to Service addresses")
-		masqBit       = flag.Uint("masquerade-bit", wire.DefaultMasqueradeBit, "packet-mark bit requesting masquerade")
-		clusterCIDRs  = flag.String("cluster-cidr", "", "comma-separated pod CIDRs (local-traffic detection)")
-		excludeCIDRs  = flag.String("ipvs-exclude-cidrs", "", "comma-separated CIDRs whose virtual servers agents never delete")
-		npAddrs       = flag.String("nodeport-addresses", "", "comma-separated CIDRs selecting NodePort addresses (empty: all)")
-		agentPeriod   = flag.Duration("agent-reconcile-period", 0, "agents' full-reconcile period; 0 keeps each agent's flag")
-		qps           = flag.Float64("kube-api-qps", 50, "API server client QPS")
-		tlsCert       = flag.String("tls-cert-file", "/etc/vsplane/tls/tls.crt", "serving certificate (PEM) of the gRPC listener; reloaded when it changes")
-		tlsKey        = flag.String("tls-key-file", "/etc/vsplane/tls/tls.key", "its private key (PEM)")
-		tlsCA         = flag.String("tls-ca-file", "/etc/vsplane/tls/ca.crt", "CA bundle (PEM) to verify peer replicas with")
-		tlsName       = flag.String("tls-server-name", wire.DefaultServerName, "name in the replicas' certificate, verified when calling peers")
-		peerToken     = flag.String("peer-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token", "token this replica presents to its peers (needs get inspection.vsplane.io)")
-		agentSA       = flag.String("agent-service-account", "vsplane-system/vsplane-agent", "comma-separated namespace/name of the ServiceAccounts agents run as")
-		insecure      = flag.Bool("insecure-plaintext", false, "local development only: no TLS, no agent authentication, no inspection authorization; --listen must be a loopback address")
-		rollouts      = flag.Bool("rollouts", true, "watch SchedulerRollouts (vsplane.io/v1alpha1; the CRD must be installed) and take part in electing their leader")
-		rolloutLease  = flag.String("rollout-lease", "vsplane-system/vsplane-rollout-leader", "namespace/name of the Lease the replicas elect the rollout leader with")
-		advertise     = flag.String("advertise-address", "", "this replica's gRPC address as the other replicas reach it (default: $POD_IP and the --listen port)")
-		peerList      = flag.String("peers", "", "comma-separated gRPC addresses of the other replicas (static; see --peer-service)")
-		peerService   = flag.String("peer-service", "", "namespace/name of a Service whose EndpointSlices (port \"grpc\") list the replicas, for the fleet-wide inspection view")
-		connAge       = flag.Duration("max-connection-age", 30*time.Minute, "agent connections end after about this long (±10%), so agents spread over the replicas again after a rollout; 0 disables")
-		connAgeGrace  = flag.Duration("max-connection-age-grace", 30*time.Second, "time an aged-out connection's stream gets before it is closed")
-		ackTimeout    = flag.Duration("ack-timeout", stream.DefaultAckTimeout, "close an agent stream whose Delta stays unacknowledged this long")
-		unknownWait   = flag.Duration("unknown-node-timeout", stream.DefaultUnknownNodeTimeout, "close the stream of an agent whose node is not in the cluster after this long")
-		unknownMax    = flag.Int("max-unknown-node-streams", stream.DefaultMaxUnknownNodeStreams, "at most this many streams may wait for nodes that are not in the cluster")
-		maxInFlight   = flag.Int("max-inflight-deltas", 2, "Deltas an agent may have unacknowledged at once (2: the next one waits at the agent while it applies one)")
-		deltaTarget   = flag.Duration("delta-target-apply-time", stream.DefaultTargetApplyTime, "size each Delta so its agent applies it in about this long, from the kernel-operation rate the agent reports")
-		deltaMinOps   = flag.Int("min-delta-ops", stream.DefaultMinDeltaOps, "smallest Delta budget (estimated kernel operations), however slow the agent")
-		deltaMaxOps   = flag.Int("max-delta-ops", stream.DefaultMaxDeltaOps, "largest Delta budget (estimated kernel operations), however fast the agent")
-		debug         = flag.Bool("debug", false, "debug logging")
+		configFile   = flag.String("config", "", "configuration file: a VsplaneConfiguration (config.vsplane.io/v1alpha1) or a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1), YAML or JSON. Precedence: a flag given on the command line > the file > the defaults. The file is checked every --config-check-interval: a valid new version's fleet settings (ipvs, masquerade*, clusterCIDRs, nodePortAddresses, agentReconcilePeriod) are pushed to every node without a restart; an invalid one is logged and not applied; changed controlPlane settings need a restart")
+		configCheck  = flag.Duration("config-check-interval", config.DefaultCheckInterval, "how often --config is read for changes")
+		kubeconfig   = flag.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
+		tlsCert      = flag.String("tls-cert-file", "/etc/vsplane/tls/tls.crt", "serving certificate (PEM) of the gRPC listener; reloaded when it changes")
+		tlsKey       = flag.String("tls-key-file", "/etc/vsplane/tls/tls.key", "its private key (PEM)")
+		tlsCA        = flag.String("tls-ca-file", "/etc/vsplane/tls/ca.crt", "CA bundle (PEM) to verify peer replicas with")
+		tlsName      = flag.String("tls-server-name", wire.DefaultServerName, "name in the replicas' certificate, verified when calling peers")
+		peerToken    = flag.String("peer-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token", "token this replica presents to its peers (needs get inspection.vsplane.io)")
+		agentSA      = flag.String("agent-service-account", "vsplane-system/vsplane-agent", "comma-separated namespace/name of the ServiceAccounts agents run as")
+		insecure     = flag.Bool("insecure-plaintext", false, "local development only: no TLS, no agent authentication, no inspection authorization; --listen must be a loopback address")
+		rollouts     = flag.Bool("rollouts", true, "watch SchedulerRollouts (vsplane.io/v1alpha1; the CRD must be installed) and take part in electing their leader")
+		rolloutLease = flag.String("rollout-lease", "vsplane-system/vsplane-rollout-leader", "namespace/name of the Lease the replicas elect the rollout leader with")
+		advertise    = flag.String("advertise-address", "", "this replica's gRPC address as the other replicas reach it (default: $POD_IP and the --listen port)")
+		peerList     = flag.String("peers", "", "comma-separated gRPC addresses of the other replicas (static; see --peer-service)")
+		peerService  = flag.String("peer-service", "", "namespace/name of a Service whose EndpointSlices (port \"grpc\") list the replicas, for the fleet-wide inspection view")
+		debug        = flag.Bool("debug", false, "debug logging")
 	)
+	// The settings a --config file can also hold; Source.Load applies the
+	// ones given on the command line over the file.
+	flagCfg := config.Defaults()
+	config.Bind(flag.CommandLine, &flagCfg)
 	flag.Parse()
 
 	logCfg := zap.NewProductionConfig()
@@ -94,37 +73,19 @@ func run() error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	tcfg := translate.Config{
-		DefaultScheduler: *scheduler,
-		TCPTimeout:       *tcpTimeout,
-		TCPFinTimeout:    *tcpFinTimeout,
-		UDPTimeout:       *udpTimeout,
-		StrictARP:        *strictARP,
-		MasqueradeAll:    *masqAll,
-		MasqueradeBit:    uint32(*masqBit),
-		ReconcilePeriod:  *agentPeriod,
+	src := config.Source{Path: *configFile, Flags: flag.CommandLine}
+	loaded, err := src.Load()
+	if err != nil {
+		return err
 	}
-	for _, f := range []struct {
-		name string
-		in   string
-		out  *[]netip.Prefix
-	}{{"cluster-cidr", *clusterCIDRs, &tcfg.ClusterCIDRs}, {"ipvs-exclude-cidrs", *excludeCIDRs, &tcfg.ExcludeCIDRs}, {"nodeport-addresses", *npAddrs, &tcfg.NodePortAddresses}} {
-		if *f.out, err = parseCIDRs(f.in); err != nil {
-			return fmt.Errorf("--%s: %w", f.name, err)
-		}
+	for _, w := range loaded.Warnings {
+		log.Warn(w, zap.String("file", *configFile))
 	}
-	if *masqBit > 31 {
-		return fmt.Errorf("--masquerade-bit %d: must be 0..31", *masqBit)
+	if *configFile != "" {
+		log.Info("configuration file loaded", zap.String("file", *configFile), zap.String("kind", loaded.Kind),
+			zap.Strings("overriddenByFlags", config.Explicit(flag.CommandLine)))
 	}
-	if *maxInFlight < 1 {
-		return fmt.Errorf("--max-inflight-deltas %d: must be at least 1", *maxInFlight)
-	}
-	if *deltaTarget <= 0 {
-		return fmt.Errorf("--delta-target-apply-time %v: must be positive", *deltaTarget)
-	}
-	if *deltaMinOps < 1 || *deltaMaxOps < *deltaMinOps {
-		return fmt.Errorf("--min-delta-ops %d, --max-delta-ops %d: want 1 <= min <= max", *deltaMinOps, *deltaMaxOps)
-	}
+	pc := loaded.Config.ControlPlane
 
 	var restCfg *rest.Config
 	if *kubeconfig != "" {
@@ -135,7 +96,7 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
-	restCfg.QPS, restCfg.Burst = float32(*qps), int(*qps*2)
+	restCfg.QPS, restCfg.Burst = float32(pc.KubeAPIQPS), int(pc.KubeAPIQPS*2)
 	// Protobuf for the typed client (about half the watch bytes of JSON,
 	// measured by e2e/apicost); the dynamic client keeps JSON (CRDs have
 	// no protobuf encoding).
@@ -147,26 +108,29 @@ func run() error {
 		return err
 	}
 
-	grpcLn, err := net.Listen("tcp", *listen)
+	grpcLn, err := net.Listen("tcp", pc.ListenAddress)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", *listen, err)
+		return fmt.Errorf("listen %s: %w", pc.ListenAddress, err)
 	}
 	cfg := app.Config{
 		Kube:         kube,
 		GRPCListener: grpcLn,
-		Watch:        watch.Options{MinInterval: *minSync, MaxInterval: *maxSync},
-		Translate:    tcfg,
+		Watch:        watch.Options{MinInterval: pc.MinSyncInterval.Duration, MaxInterval: pc.MaxSyncInterval.Duration},
+		Translate:    loaded.Config.Translate(),
 		Logger:       log,
-		Stream: stream.Options{AckTimeout: *ackTimeout, UnknownNodeTimeout: *unknownWait,
-			MaxUnknownNodeStreams: *unknownMax, MaxInFlight: *maxInFlight, TargetApplyTime: *deltaTarget,
-			MinDeltaOps: *deltaMinOps, MaxDeltaOps: *deltaMaxOps},
-		MaxConnectionAge:      *connAge,
-		MaxConnectionAgeGrace: *connAgeGrace,
+		Stream: stream.Options{AckTimeout: pc.AckTimeout.Duration, UnknownNodeTimeout: pc.UnknownNodeTimeout.Duration,
+			MaxUnknownNodeStreams: pc.MaxUnknownNodeStreams, MaxInFlight: pc.MaxInflightDeltas, TargetApplyTime: pc.DeltaTargetApplyTime.Duration,
+			MinDeltaOps: pc.MinDeltaOps, MaxDeltaOps: pc.MaxDeltaOps},
+		MaxConnectionAge:      pc.MaxConnectionAge.Duration,
+		MaxConnectionAgeGrace: pc.MaxConnectionAgeGrace.Duration,
 	}
-	if *metricsAddr != "" {
-		if cfg.MetricsListener, err = net.Listen("tcp", *metricsAddr); err != nil {
-			return fmt.Errorf("listen %s: %w", *metricsAddr, err)
+	if pc.MetricsAddress != "" {
+		if cfg.MetricsListener, err = net.Listen("tcp", pc.MetricsAddress); err != nil {
+			return fmt.Errorf("listen %s: %w", pc.MetricsAddress, err)
 		}
+	}
+	if *configFile != "" {
+		cfg.Reload = config.NewReloader(src, loaded, *configCheck, log.Named("config"))
 	}
 	cfg.PeerService = *peerService
 	if *rollouts {
@@ -222,19 +186,4 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return replica.Run(ctx)
-}
-
-func parseCIDRs(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
 }

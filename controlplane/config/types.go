@@ -1,0 +1,161 @@
+// Package config is the control plane's configuration file: a versioned
+// VsplaneConfiguration (config.vsplane.io/v1alpha1), or an existing
+// KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) whose IPVS-mode
+// fields map to the same settings.
+//
+// A file has two parts. The fleet settings (the IPVS scheduler and
+// timeouts, strictARP, excludeCIDRs, masquerading, nodePortAddresses,
+// clusterCIDRs, the agents' reconcile period) become translate.Config: what
+// every node receives as its "node/settings" resource. They are applied
+// live when the file changes (Reloader). The process settings under
+// controlPlane (listen addresses, sync intervals, stream limits) are read
+// at start; a change is reported as needing a restart.
+//
+// Precedence: a flag given on the command line > the file > the defaults
+// (Defaults). Decode, Validate, Bind/Overlay and Reloader are the pieces;
+// Source ties them together for the binary.
+package config
+
+import (
+	"net/netip"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/internal/wire"
+)
+
+// The kinds a file may hold.
+const (
+	APIVersion          = "config.vsplane.io/v1alpha1"
+	Kind                = "VsplaneConfiguration"
+	KubeProxyAPIVersion = "kubeproxy.config.k8s.io/v1alpha1"
+	KubeProxyKind       = "KubeProxyConfiguration"
+)
+
+// VsplaneConfiguration configures the control plane. Fields left out of a
+// file keep their defaults (Defaults); durations are Go durations ("30s").
+type VsplaneConfiguration struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// Fleet settings: pushed to every node (node/settings), applied live.
+
+	// IPVS: scheduler, timeouts, strict ARP, excluded CIDRs.
+	IPVS IPVSConfiguration `json:"ipvs"`
+	// MasqueradeAll SNATs all traffic to Service addresses. Default false.
+	MasqueradeAll bool `json:"masqueradeAll"`
+	// MasqueradeBit is the packet-mark bit requesting masquerade, 1..31.
+	// Default 14 (0 cannot be sent: on the wire it means the default).
+	MasqueradeBit int32 `json:"masqueradeBit"`
+	// ClusterCIDRs are the pod CIDRs (local-traffic detection). Default none.
+	ClusterCIDRs []string `json:"clusterCIDRs"`
+	// NodePortAddresses select the node addresses NodePorts are served on.
+	// Default none: every node address.
+	NodePortAddresses []string `json:"nodePortAddresses"`
+	// AgentReconcilePeriod is the agents' full-reconcile period; 0 (default)
+	// keeps each agent's own flag.
+	AgentReconcilePeriod metav1.Duration `json:"agentReconcilePeriod"`
+
+	// ControlPlane holds the process settings, read at start: a change
+	// needs a restart.
+	ControlPlane ControlPlaneConfiguration `json:"controlPlane"`
+}
+
+// IPVSConfiguration is the IPVS part of the fleet settings.
+type IPVSConfiguration struct {
+	// Scheduler of virtual servers that name none. Default "rr".
+	Scheduler string `json:"scheduler"`
+	// Timeouts; 0 (default) leaves the kernel's value.
+	TCPTimeout    metav1.Duration `json:"tcpTimeout"`
+	TCPFinTimeout metav1.Duration `json:"tcpFinTimeout"`
+	UDPTimeout    metav1.Duration `json:"udpTimeout"`
+	// StrictARP sets arp_ignore=1 and arp_announce=2. Default false.
+	StrictARP bool `json:"strictARP"`
+	// ExcludeCIDRs: virtual servers inside them are never deleted by agents.
+	ExcludeCIDRs []string `json:"excludeCIDRs"`
+}
+
+// ControlPlaneConfiguration is the process settings of a replica.
+type ControlPlaneConfiguration struct {
+	// ListenAddress serves gRPC (agents, inspection, health). Default ":18000".
+	ListenAddress string `json:"listenAddress"`
+	// MetricsAddress serves /metrics; "" disables. Default "127.0.0.1:18001".
+	MetricsAddress string `json:"metricsAddress"`
+	// KubeAPIQPS is the API client's QPS (burst twice that). Default 50.
+	KubeAPIQPS float64 `json:"kubeAPIQPS"`
+	// MinSyncInterval (default 100ms) and MaxSyncInterval (default 1h):
+	// the recomputation's longest coalescing wait and periodic resync.
+	MinSyncInterval metav1.Duration `json:"minSyncInterval"`
+	MaxSyncInterval metav1.Duration `json:"maxSyncInterval"`
+	// AckTimeout (default 5m), UnknownNodeTimeout (10m),
+	// MaxUnknownNodeStreams (256): see stream.Options.
+	AckTimeout            metav1.Duration `json:"ackTimeout"`
+	UnknownNodeTimeout    metav1.Duration `json:"unknownNodeTimeout"`
+	MaxUnknownNodeStreams int             `json:"maxUnknownNodeStreams"`
+	// MaxInflightDeltas (default 2), DeltaTargetApplyTime (250ms),
+	// MinDeltaOps (256), MaxDeltaOps (50000): the Delta budget.
+	MaxInflightDeltas    int             `json:"maxInflightDeltas"`
+	DeltaTargetApplyTime metav1.Duration `json:"deltaTargetApplyTime"`
+	MinDeltaOps          int             `json:"minDeltaOps"`
+	MaxDeltaOps          int             `json:"maxDeltaOps"`
+	// MaxConnectionAge (default 30m; 0 disables) and its grace (30s).
+	MaxConnectionAge      metav1.Duration `json:"maxConnectionAge"`
+	MaxConnectionAgeGrace metav1.Duration `json:"maxConnectionAgeGrace"`
+}
+
+// Defaults returns the configuration of an empty file (and of no file).
+func Defaults() VsplaneConfiguration {
+	d := func(v time.Duration) metav1.Duration { return metav1.Duration{Duration: v} }
+	return VsplaneConfiguration{
+		TypeMeta:      metav1.TypeMeta{APIVersion: APIVersion, Kind: Kind},
+		IPVS:          IPVSConfiguration{Scheduler: wire.DefaultScheduler},
+		MasqueradeBit: wire.DefaultMasqueradeBit,
+		ControlPlane: ControlPlaneConfiguration{
+			ListenAddress:         ":18000",
+			MetricsAddress:        "127.0.0.1:18001",
+			KubeAPIQPS:            50,
+			MinSyncInterval:       d(100 * time.Millisecond),
+			MaxSyncInterval:       d(time.Hour),
+			AckTimeout:            d(stream.DefaultAckTimeout),
+			UnknownNodeTimeout:    d(stream.DefaultUnknownNodeTimeout),
+			MaxUnknownNodeStreams: stream.DefaultMaxUnknownNodeStreams,
+			MaxInflightDeltas:     2,
+			DeltaTargetApplyTime:  d(stream.DefaultTargetApplyTime),
+			MinDeltaOps:           stream.DefaultMinDeltaOps,
+			MaxDeltaOps:           stream.DefaultMaxDeltaOps,
+			MaxConnectionAge:      d(30 * time.Minute),
+			MaxConnectionAgeGrace: d(30 * time.Second),
+		},
+	}
+}
+
+// Translate returns the fleet settings as the translator's configuration.
+// c must be valid (Validate); unparsable CIDRs are skipped.
+func (c *VsplaneConfiguration) Translate() translate.Config {
+	return translate.Config{
+		DefaultScheduler:  c.IPVS.Scheduler,
+		TCPTimeout:        c.IPVS.TCPTimeout.Duration,
+		TCPFinTimeout:     c.IPVS.TCPFinTimeout.Duration,
+		UDPTimeout:        c.IPVS.UDPTimeout.Duration,
+		StrictARP:         c.IPVS.StrictARP,
+		MasqueradeAll:     c.MasqueradeAll,
+		MasqueradeBit:     uint32(c.MasqueradeBit),
+		ClusterCIDRs:      prefixes(c.ClusterCIDRs),
+		ExcludeCIDRs:      prefixes(c.IPVS.ExcludeCIDRs),
+		NodePortAddresses: prefixes(c.NodePortAddresses),
+		ReconcilePeriod:   c.AgentReconcilePeriod.Duration,
+	}.WithDefaults()
+}
+
+func prefixes(in []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range in {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
