@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/vsplane/vsplane/controlplane/config"
 	"github.com/vsplane/vsplane/controlplane/engine"
 	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
@@ -61,6 +62,7 @@ func Registered() (controlPlane, agent []Metric, err error) {
 	if _, err := grpcserver.New(grpcserver.Options{Registerer: cp}); err != nil {
 		return nil, nil, err
 	}
+	cp.MustRegister(config.NewReloader(config.Source{}, &config.Loaded{Config: config.Defaults()}, time.Second, zap.NewNop()).Collectors()...)
 	ag := &recorder{}
 	if _, err := agentmetrics.New(ag, agentmetrics.Options{}); err != nil {
 		return nil, nil, err
