@@ -50,6 +50,7 @@ lint: check-generated
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
 	$(GO) vet -tags apicostbench ./e2e/apicost
+	$(GO) vet -tags fanoutbench ./e2e/fanout
 
 check-generated: proto generate
 	@if [ -n "$$(git status --porcelain -- proto controlplane/apis deploy/crds)" ]; then \
@@ -99,12 +100,16 @@ demo: tools
 
 # API-server cost at watchers x Services x endpoints (the full 1000x10000x10 takes ~30 min here)
 APICOST_SIZE ?= 1000x1000x10
+# Fan-out at nodes x Services x endpoints: 1,000 in-process agents need ~7 KiB of heap per
+# agent x Service, so 1000x10000x10 needs ~75 GB; this size fits 24 GB
+FANOUT_SIZE ?= 1000x1000x10
 ## bench: control-plane (10k Services x 1k nodes) and reconciler benchmarks, and the state-memory
 ## sweep (writes bench/results/memory.{json,md,png}) (measurements, not CI; CI runs each at a tiny size)
 bench:
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'EndpointChange' -benchtime 2000x -benchmem
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'StateMemory' -benchtime 1x -timeout 30m
 	APICOST_SIZE=$(APICOST_SIZE) $(GO) test -tags apicostbench -v -count=1 -timeout 90m -run TestAPICostBench ./e2e/apicost
+	FANOUT_SIZE=$(FANOUT_SIZE) $(GO) test -tags fanoutbench -v -count=1 -timeout 60m -run TestFanoutBench ./e2e/fanout
 	$(GO) test ./dataplane/reconcile -run '^$$' -bench 'ApplyOne' -benchtime 2000x -count 5
 
 ## bench-vm: agent apply time on the real kernel in the VM, 1k vs 10k Services, and a 2,000 x 10

@@ -1,0 +1,344 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/vsplane/vsplane/internal/bearer"
+)
+
+// ControlPlanePackage is built by the benchmark and run as its own process,
+// so its CPU time and peak RSS are its own (the agents share the test
+// process).
+const ControlPlanePackage = "./controlplane/cmd/vsplane-controlplane"
+
+// buildControlPlane builds the control-plane binary into dir.
+func buildControlPlane(ctx context.Context, root, dir string) (string, error) {
+	bin := filepath.Join(dir, "vsplane-controlplane")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ControlPlanePackage)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", ControlPlanePackage, err, out)
+	}
+	return bin, nil
+}
+
+// gitSource records HEAD and the uncommitted changes of the code the
+// binaries are built from (best effort: empty without git).
+func gitSource(ctx context.Context, root string) Source {
+	var src Source
+	if out, err := exec.CommandContext(ctx, "git", "-C", root, "rev-parse", "HEAD").Output(); err == nil {
+		src.GitHead = strings.TrimSpace(string(out))
+	}
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "status", "--porcelain", "--", "controlplane", "dataplane", "internal", "proto").Output()
+	if err == nil {
+		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			if l != "" {
+				src.Uncommitted = append(src.Uncommitted, l)
+			}
+		}
+	}
+	return src
+}
+
+// cpProc is the control-plane replica process.
+type cpProc struct {
+	Addr string
+	// MetricsAddr serves its /metrics (Go runtime memory, for the heap
+	// after each phase).
+	MetricsAddr string
+	Args        []string
+	cmd         *exec.Cmd
+	logPath     string
+	done        chan struct{}
+	err         error
+}
+
+// startControlPlane starts bin with args plus --listen/--advertise-address
+// and --metrics-address on free loopback ports (found by bind-and-release),
+// logging to dir/controlplane-<attempt>.log. It does not wait
+// (awaitServing).
+func startControlPlane(bin, dir string, attempt int, args []string) (*cpProc, error) {
+	// Two distinct ports: both are held until both are picked, then
+	// released for the replica to bind.
+	var lns []net.Listener
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, err
+		}
+		lns = append(lns, ln)
+	}
+	addr, metrics := lns[0].Addr().String(), lns[1].Addr().String()
+	for _, l := range lns {
+		l.Close()
+	}
+	p := &cpProc{Addr: addr, MetricsAddr: metrics,
+		Args:    append([]string{"--listen", addr, "--advertise-address", addr, "--metrics-address", metrics}, args...),
+		logPath: filepath.Join(dir, fmt.Sprintf("controlplane-%d.log", attempt)), done: make(chan struct{})}
+	lf, err := os.Create(p.logPath)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command(bin, p.Args...)
+	p.cmd.Stdout, p.cmd.Stderr = lf, lf
+	// Own process group, killed if the test's thread dies: no leaked
+	// replica holding ports.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("start control plane: %w", err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// portLost reports whether the process exited because another process
+// took its port between bind-and-release and its own bind.
+func (p *cpProc) portLost() bool {
+	select {
+	case <-p.done:
+		return strings.Contains(p.LogTail(5), "address already in use")
+	default:
+		return false
+	}
+}
+
+// Pid is the process id.
+func (p *cpProc) Pid() int { return p.cmd.Process.Pid }
+
+// Stop ends the process (SIGTERM, SIGKILL after 10s).
+func (p *cpProc) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// LogTail returns the last n lines of the process log.
+func (p *cpProc) LogTail(n int) string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// heap reads the replica's Go heap from its /metrics: bytes allocated
+// (live plus garbage not yet collected) and the next GC's target (twice the
+// heap live after the last GC, at the default GOGC).
+func (p *cpProc) heap(ctx context.Context) (alloc, nextGC int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.MetricsAddr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "go_memstats_heap_alloc_bytes":
+			alloc = int64(v)
+		case "go_memstats_next_gc_bytes":
+			nextGC = int64(v)
+		}
+	}
+	return alloc, nextGC, nil
+}
+
+// awaitServing waits until the replica's health service says SERVING (its
+// informers synced and its first full computation is committed), following
+// the health Watch stream; it fails early if the process exits.
+func awaitServing(ctx context.Context, p *cpProc, conn *grpc.ClientConn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		retry := time.NewTicker(100 * time.Millisecond)
+		defer retry.Stop()
+		for ctx.Err() == nil {
+			w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+			if err != nil {
+				<-retry.C
+				continue
+			}
+			for {
+				resp, err := w.Recv()
+				if err != nil {
+					<-retry.C
+					break // reconnect (the server may not have been up yet)
+				}
+				if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+					errc <- nil
+					return
+				}
+			}
+		}
+		errc <- ctx.Err()
+	}()
+	select {
+	case err := <-errc:
+		if err != nil {
+			return fmt.Errorf("control plane not serving within %v: %w; log:\n%s", timeout, err, p.LogTail(30))
+		}
+		return nil
+	case <-p.done:
+		return fmt.Errorf("control plane exited (%v); log:\n%s", p.err, p.LogTail(40))
+	}
+}
+
+// dialInspection connects to the replica like an operator: TLS and a
+// ServiceAccount token (the API server runs AlwaysAllow, so any
+// authenticated token may inspect).
+func dialInspection(addr string, creds credentials.TransportCredentials, tokenFile string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithPerRPCCredentials(bearer.File{Path: tokenFile}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+}
+
+// procStat is a process's CPU time and memory from /proc.
+type procStat struct {
+	CPUSeconds float64
+	RSSBytes   int64 // VmRSS
+	HWMBytes   int64 // VmHWM: peak RSS
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports for
+// this test (the /proc/<pid>/stat unit).
+const clockTicks = 100
+
+func readProcStat(pid int) (procStat, error) {
+	var st procStat
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return st, err
+	}
+	// comm may contain spaces; fields after the closing parenthesis.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return st, errors.New("bad /proc stat")
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return st, errors.New("short /proc stat")
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stt, _ := strconv.ParseInt(f[12], 10, 64)
+	st.CPUSeconds = float64(ut+stt) / clockTicks
+	sb, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return st, err
+	}
+	for _, l := range strings.Split(string(sb), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSuffix(strings.TrimSpace(v), " kB")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "VmRSS":
+			st.RSSBytes = n << 10
+		case "VmHWM":
+			st.HWMBytes = n << 10
+		}
+	}
+	return st, nil
+}
+
+// childByName returns the pid of this process's child called comm (etcd,
+// kube-apiserver: started by kubeenv), or 0.
+func childByName(comm string) int {
+	ents, _ := os.ReadDir("/proc")
+	me := os.Getpid()
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		f := strings.Fields(s[closing+1:])
+		if len(f) < 2 || s[open+1:closing] != comm {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(f[1]); ppid == me {
+			return pid
+		}
+	}
+	return 0
+}
+
+// selfCPU is this process's CPU seconds (the agents, writers and clients).
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// loadavg is /proc/loadavg's first three fields.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
