@@ -70,8 +70,11 @@ type Options struct {
 	// IdleWindow is how long the idle baseline (every agent connected,
 	// nothing changing) is measured (default 5s).
 	IdleWindow time.Duration
-	// Out names the report: bench/results/<Out>.json and .md (default "fanout").
+	// Out names the report: <Dir>/<Out>.json and .md (default "fanout").
 	Out string
+	// Dir is where the report goes (default bench/results at the
+	// repository root; tests use a temporary directory).
+	Dir string
 	// Notes are added to the report.
 	Notes []string
 }
@@ -608,9 +611,13 @@ func (b *bench) finish() {
 	for _, h := range b.rep.Headlines() {
 		b.t.Log(h)
 	}
-	if err := b.rep.write(filepath.Join(b.root, "bench", "results"), b.o.Out); err != nil {
+	dir := b.o.Dir
+	if dir == "" {
+		dir = filepath.Join(b.root, "bench", "results")
+	}
+	if err := b.rep.write(dir, b.o.Out); err != nil {
 		b.t.Errorf("writing the report: %v", err)
 	} else {
-		b.t.Logf("wrote %s.{json,md}", filepath.Join(b.root, "bench", "results", b.o.Out))
+		b.t.Logf("wrote %s.{json,md}", filepath.Join(dir, b.o.Out))
 	}
 }

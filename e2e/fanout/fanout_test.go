@@ -17,7 +17,7 @@ func TestFanoutTiny(t *testing.T) {
 		Size:    fanout.Size{Nodes: 20, Services: 50, Endpoints: 10},
 		Changes: 5, BurstWriters: 2, IdleWindow: 500 * time.Millisecond,
 		Timeout: 2 * time.Minute, ReadyTimeout: 2 * time.Minute,
-		Out: "fanout-tiny",
+		Out: "fanout-tiny", Dir: t.TempDir(),
 	})
 	// Run already failed t on each problem; the storm's "nothing resent"
 	// and the final state comparison are among them.
