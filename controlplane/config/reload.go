@@ -158,8 +158,10 @@ func (r *Reloader) Check(apply func(translate.Config)) string {
 	r.sum = sum
 	l, err := r.src.Parse(data)
 	if err != nil {
-		r.reloads.WithLabelValues("invalid").Inc()
+		// The gauge before the counter: a reader that sees the new count
+		// must also see the verdict.
 		r.lastSuccess.Set(0)
+		r.reloads.WithLabelValues("invalid").Inc()
 		r.log.Error("configuration file changed but is invalid; NOT applied, the previous settings stay in force",
 			zap.String("file", r.src.Path), zap.Error(err))
 		return "invalid"
@@ -167,8 +169,8 @@ func (r *Reloader) Check(apply func(translate.Config)) string {
 	for _, w := range l.Warnings {
 		r.log.Warn(w, zap.String("file", r.src.Path))
 	}
-	r.reloads.WithLabelValues("applied").Inc()
 	r.lastSuccess.Set(1)
+	r.reloads.WithLabelValues("applied").Inc()
 	if changed := ProcessChanges(r.running, l.Config.ControlPlane); len(changed) > 0 {
 		r.restartRequired.Set(1)
 		r.log.Warn("configuration file changes process settings; they take effect after a restart",
