@@ -123,9 +123,9 @@ func TestVMBenchEndToEnd(t *testing.T) {
 		}
 	}
 	rep.Changes = changes
-	rep.MedianMS, rep.P90MS = msOf(quantileOf(lat, 0.5)), msOf(quantileOf(lat, 0.9))
+	rep.MedianMS, rep.P90MS = msOf(Quantile(lat, 0.5)), msOf(Quantile(lat, 0.9))
 	rep.MinMS, rep.MaxMS = msOf(slices.Min(lat)), msOf(slices.Max(lat))
-	rep.ApplyMS, rep.TriggerMS = msOf(quantileOf(apply, 0.5)), msOf(quantileOf(trig, 0.5))
+	rep.ApplyMS, rep.TriggerMS = msOf(Quantile(apply, 0.5)), msOf(Quantile(trig, 0.5))
 	t.Logf("one-endpoint change, EndpointSlice write answered -> node Ack: median %.1f ms, p90 %.1f ms, min %.1f, max %.1f; agent apply median %.2f ms; watch event -> Ack median %.1f ms",
 		rep.MedianMS, rep.P90MS, rep.MinMS, rep.MaxMS, rep.ApplyMS, rep.TriggerMS)
 	writeJSON(t, "e2e.json", rep)
@@ -174,13 +174,6 @@ func writeJSON(t *testing.T, name string, v any) {
 	if err := os.WriteFile(filepath.Join(dir, name), append(js, '\n'), 0o644); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func quantileOf(ds []time.Duration, q float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	idx := int(q*float64(len(s))+0.5) - 1
-	return s[max(0, min(idx, len(s)-1))]
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -302,7 +295,7 @@ func TestVMBenchBurstEndToEnd(t *testing.T) {
 		t.Fatalf("Acks named %d of %d burst Services", len(latest), n)
 	}
 	lat := slices.Collect(maps.Values(latest))
-	rep.P50MS, rep.P99MS, rep.MaxMS = msOf(quantileOf(lat, 0.5)), msOf(quantileOf(lat, 0.99)), msOf(slices.Max(lat))
+	rep.P50MS, rep.P99MS, rep.MaxMS = msOf(Quantile(lat, 0.5)), msOf(Quantile(lat, 0.99)), msOf(slices.Max(lat))
 	t.Logf("burst %dx%d: created in %.1f s; converged %.1f s after the last create; per-Service latency p50 %.0f ms p99 %.0f ms max %.0f ms; %d Deltas, largest %d resources",
 		n, e, rep.CreateS, rep.ConvergedAfterLastS, rep.P50MS, rep.P99MS, rep.MaxMS, rep.Deltas, rep.MaxDeltaResources)
 	writeJSON(t, "burst-e2e.json", rep)

@@ -2,6 +2,19 @@
 // QEMU test bed; see vmbench_test.go (build tag vmbench) and e2e/cmd/vmbench.
 package vmbench
 
+import (
+	"slices"
+	"time"
+)
+
+// Quantile is the nearest-rank q-quantile of ds (not modified).
+func Quantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	idx := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(idx, len(s)-1))]
+}
+
 // Result is the JSON output of e2e/cmd/vmbench (one run in one node
 // namespace). Durations are milliseconds.
 type Result struct {

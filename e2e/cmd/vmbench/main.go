@@ -38,6 +38,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
@@ -133,7 +134,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			res.ChangeOps = ack.GetKernelOperations()
 		}
 	}
-	res.ChangeMedianMS, res.ChangeP90MS = ms(quantile(times, 0.5)), ms(quantile(times, 0.9))
+	res.ChangeMedianMS, res.ChangeP90MS = ms(vmbench.Quantile(times, 0.5)), ms(vmbench.Quantile(times, 0.9))
 	res.ChangeMinMS, res.ChangeMaxMS = ms(slices.Min(times)), ms(slices.Max(times))
 
 	times = times[:0]
@@ -150,7 +151,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		res.RemoveOps = ack.GetKernelOperations()
 	}
 	if len(times) > 0 {
-		res.RemoveMedianMS, res.RemoveP90MS = ms(quantile(times, 0.5)), ms(quantile(times, 0.9))
+		res.RemoveMedianMS, res.RemoveP90MS = ms(vmbench.Quantile(times, 0.5)), ms(vmbench.Quantile(times, 0.9))
 	}
 
 	enc := json.NewEncoder(stdout)
@@ -188,7 +189,7 @@ func coldStart(ctx context.Context, r *reconcile.Reconciler, svcs []*vsplanev1.R
 		var cur []*vsplanev1.Resource
 		budget := 0
 		for _, s := range svcs {
-			c := estimatedOps(s)
+			c := stream.ResourceCost(s)
 			if len(cur) > 0 && budget+c > chunkOps {
 				chunks, cur, budget = append(chunks, cur), nil, 0
 			}
@@ -225,18 +226,8 @@ func coldStart(ctx context.Context, r *reconcile.Reconciler, svcs []*vsplanev1.R
 	total := time.Since(start)
 	res.ColdMS, res.ColdDeltas = ms(total), len(chunks)
 	res.ColdWritesPerSec = float64(res.ColdWrites) / total.Seconds()
-	res.BurstP50MS, res.BurstP99MS, res.BurstMaxMS = ms(quantile(lat, 0.5)), ms(quantile(lat, 0.99)), ms(slices.Max(lat))
+	res.BurstP50MS, res.BurstP99MS, res.BurstMaxMS = ms(vmbench.Quantile(lat, 0.5)), ms(vmbench.Quantile(lat, 0.99)), ms(slices.Max(lat))
 	return nil
-}
-
-// estimatedOps is a Service's kernel writes when new: per virtual server
-// one add plus one per real server, one per ipset entry, one address.
-func estimatedOps(r *vsplanev1.Resource) int {
-	n := 1 + len(r.GetService().GetIpsetEntries())
-	for _, vs := range r.GetService().GetVirtualServers() {
-		n += 1 + len(vs.GetRealServers())
-	}
-	return n
 }
 
 // apply runs one Delta and times it; a NACK is an error.
@@ -291,14 +282,6 @@ func service(i, gen int) *vsplanev1.Resource {
 			}},
 		}},
 	}
-}
-
-// quantile is the nearest-rank q-quantile of ds (not modified).
-func quantile(ds []time.Duration, q float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	idx := int(q*float64(len(s))+0.5) - 1
-	return s[max(0, min(idx, len(s)-1))]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
