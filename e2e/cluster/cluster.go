@@ -89,6 +89,21 @@ type Options struct {
 	StreamHooks stream.Hooks
 	// Kube configures etcd + kube-apiserver.
 	Kube kubeenv.Options
+	// KubeProxy puts kube-proxy (built by scripts/kube/build.sh next to
+	// kube-apiserver) into the guest and forwards the apiserver's port to
+	// it (vm.HostLoopIP:APIPORT), so StartKubeProxy can run kube-proxy in a
+	// node namespace (usually one of NoAgent).
+	KubeProxy bool
+	// NoAgent names nodes (node1, ...) whose agent Start does not start:
+	// StartAgent starts it later (e.g. a cold start into a prepared
+	// cluster), or the node runs kube-proxy. AwaitAcked skips them while
+	// they have no agent.
+	NoAgent []string
+	// GuestFwdPorts are extra host loopback ports the guest reaches at
+	// vm.HostLoopIP (e.g. a vm.Probe listener).
+	GuestFwdPorts []int
+	// VMMemoryMB is the guest's memory (default vm.Options' 1 GiB).
+	VMMemoryMB int
 	// VMBootTimeout bounds the guest build and boot (default 5 minutes: TCG on a busy host).
 	VMBootTimeout time.Duration
 	// Log receives progress; default zap.NewNop().
@@ -145,6 +160,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if len(opts.Pods) > opts.Nodes {
 		return nil, fmt.Errorf("cluster: pods given for %d nodes, only %d nodes", len(opts.Pods), opts.Nodes)
+	}
+	for _, n := range opts.NoAgent {
+		var k int
+		if _, err := fmt.Sscanf(n, "node%d", &k); err != nil || k < 1 || k > opts.Nodes || n != fmt.Sprint("node", k) {
+			return nil, fmt.Errorf("cluster: NoAgent names %q, not one of node1..node%d", n, opts.Nodes)
+		}
 	}
 	if opts.ReconcilePeriod == 0 {
 		opts.ReconcilePeriod = 30 * time.Second
@@ -214,12 +235,23 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		fwd = []int{c.CPPort}
 	}
 
+	fwd = append(fwd, opts.GuestFwdPorts...)
+	bins := opts.Binaries
+	if opts.KubeProxy {
+		kp, port, err := c.kubeProxyInputs()
+		if err != nil {
+			return nil, err
+		}
+		bins = append(slices.Clone(bins), kp)
+		fwd = append(fwd, port)
+	}
 	bctx, cancel := context.WithTimeout(ctx, opts.VMBootTimeout)
 	defer cancel()
 	c.VM, err = vm.Boot(bctx, vm.Options{
 		GuestFwdPorts: fwd,
 		GoPackages:    append([]string{AgentPackage}, opts.GoPackages...),
-		Binaries:      opts.Binaries,
+		Binaries:      bins,
+		MemoryMB:      opts.VMMemoryMB,
 		BootTimeout:   opts.VMBootTimeout,
 		Log:           log.Named("vm"),
 	})
@@ -237,6 +269,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 	}
 	for _, n := range c.Nodes {
+		if slices.Contains(opts.NoAgent, n.Name) {
+			continue
+		}
 		if err := c.StartAgent(ctx, n.Name); err != nil {
 			return nil, err
 		}
@@ -590,7 +625,8 @@ func (c *Cluster) AwaitServing(ctx context.Context, node, vip string, port int32
 }
 
 // AwaitAcked waits (bounded by timeout) until every node's agent is
-// connected to the control plane and has acknowledged all its resources.
+// connected to the control plane and has acknowledged all its resources
+// (Options.NoAgent nodes only while their agent runs).
 func (c *Cluster) AwaitAcked(ctx context.Context, timeout time.Duration) error {
 	return Await(ctx, timeout, 200*time.Millisecond, func(ctx context.Context) error {
 		agents := map[string]*vsplanev1.AgentInfo{}
@@ -608,6 +644,12 @@ func (c *Cluster) AwaitAcked(ctx context.Context, timeout time.Duration) error {
 			}
 		}
 		for _, n := range c.Nodes {
+			c.mu.Lock()
+			running := c.agents[n.Name] != nil
+			c.mu.Unlock()
+			if !running && slices.Contains(c.opts.NoAgent, n.Name) {
+				continue // an agentless node (kube-proxy, or not started yet)
+			}
 			a, ok := agents[n.Name]
 			if !ok {
 				return fmt.Errorf("agent %s not connected", n.Name)
