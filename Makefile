@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 CONTROLLER_GEN_VERSION     ?= v0.23.0
 
-.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube vm-deps bench bench-vm clean
+.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube vm-deps bench bench-vm bench-kubeproxy clean
 
 all: build
 
@@ -115,8 +115,14 @@ bench:
 ## bench-vm: agent apply time on the real kernel in the VM, 1k vs 10k Services, and a 2,000 x 10
 ## burst three ways (one netlink request per IPVS write, batched, batched in bounded Deltas)
 ## (writes _out/vmbench/)
-bench-vm: vm-deps
-	$(GO) test -tags vmbench -v -count=1 -timeout 60m -run TestVMBench ./e2e/vmbench
+bench-vm: vm-deps kube
+	$(GO) test -tags vmbench -v -count=1 -timeout 60m -run 'TestVMBench$$|TestVMBenchEndToEnd|TestVMBenchBurstEndToEnd' ./e2e/vmbench
+
+## bench-kubeproxy: kube-proxy v1.37.2 (IPVS mode) and the agent side by side in one VM at 1k, 5k
+## and 10k Services (about 50 min; writes bench/results/kubeproxy.{json,md})
+KP_SERVICES ?= 1000,5000,10000
+bench-kubeproxy: vm-deps kube
+	VSPLANE_VMBENCH_KP_SERVICES=$(KP_SERVICES) $(GO) test -tags vmbench -v -count=1 -timeout 120m -run TestVMBenchKubeProxy ./e2e/vmbench
 
 clean:
 	rm -rf $(BIN) _out

@@ -1,0 +1,435 @@
+//go:build vmbench
+
+package vmbench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/vm/wire"
+)
+
+// KubeProxyReport is bench/results/kubeproxy.json.
+// A run of one size replaces that size's run in the file and keeps the
+// others (each run carries its own time and host load).
+type KubeProxyReport struct {
+	Time      string `json:"time"`
+	KubeProxy string `json:"kube_proxy"`
+	// DualStack: kube-proxy ran its dual-stack proxier (IPv6 left on in its
+	// namespace); else single-stack IPv4 like the agent.
+	DualStack bool           `json:"kube_proxy_dual_stack"`
+	Runs      []KubeProxyRun `json:"runs"`
+}
+
+// KubeProxyRun is one size, in a fresh cluster.
+type KubeProxyRun struct {
+	Time           string  `json:"time"`
+	Services       int     `json:"services"`
+	Ports          int     `json:"ports_per_service"`
+	Endpoints      int     `json:"endpoints_per_service"`
+	VirtualServers int     `json:"virtual_servers"`
+	RealServers    int     `json:"real_servers"`
+	LoadAvg        string  `json:"host_loadavg_at_start"`
+	LoadAvgAfter   string  `json:"host_loadavg_at_end"`
+	VMBootSeconds  float64 `json:"vm_boot_seconds"`
+	CreateSeconds  float64 `json:"create_seconds"`
+	// ColdPollMS and ChangePollMS are ipvsprobe's polling intervals (the
+	// resolution of the cold-start and change times).
+	ColdPollMS   float64 `json:"cold_poll_ms"`
+	ChangePollMS float64 `json:"change_poll_ms"`
+	Changes      int     `json:"changes"`
+	// ForksPerChange is the VM's fork counter (processes and threads
+	// created, VM-wide) per change window: kube-proxy's iptables/ipset
+	// commands plus any thread either process started.
+	ForksPerChange float64 `json:"vm_forks_per_change"`
+	// VsplaneSentMS and VsplaneAckMS are, per change, the update's answer
+	// -> the control plane sent the Delta, and -> the agent's Ack arrived.
+	VsplaneSentMS      []float64          `json:"vsplane_delta_sent_ms"`
+	VsplaneAckMS       []float64          `json:"vsplane_ack_ms"`
+	KubeProxy          Side               `json:"kube_proxy"`
+	Vsplane            Side               `json:"vsplane"`
+	ParityAfterCold    Parity             `json:"parity_after_cold_start"`
+	ParityAfterChanges Parity             `json:"parity_after_changes"`
+	Ratios             map[string]float64 `json:"ratios_kube_proxy_over_vsplane"`
+}
+
+// Side is one implementation's numbers in a run.
+type Side struct {
+	Node string `json:"node"`
+	PID  int    `json:"pid"`
+	// ColdIPVSSeconds: process start -> its IPVS holds every virtual and
+	// real server; ColdSyncedSeconds -> it finished everything (kube-proxy:
+	// its first sync ended, ipsets and iptables included; vsplane: every
+	// Delta acknowledged).
+	ColdIPVSSeconds   float64 `json:"cold_ipvs_complete_seconds"`
+	ColdSyncedSeconds float64 `json:"cold_synced_seconds"`
+	// ChangeMS: EndpointSlice update answered -> the new real server in
+	// both of the Service's virtual servers (ipvsprobe, 10 ms polls).
+	ChangeMS       []float64 `json:"change_ms"`
+	ChangeMedianMS float64   `json:"change_median_ms"`
+	ChangeP90MS    float64   `json:"change_p90_ms"`
+	ChangeMinMS    float64   `json:"change_min_ms"`
+	ChangeMaxMS    float64   `json:"change_max_ms"`
+	// Its own kubeproxy_sync_proxy_rules_duration_seconds over the change
+	// phase (kube-proxy: full syncs, periodic ones included; the agent: one
+	// per Delta applied).
+	SyncsPerChange float64 `json:"syncs_per_change"`
+	SyncMeanMS     float64 `json:"sync_mean_ms"`
+	// FullReconciles is the agent's periodic full reconciles (every 30 s)
+	// during the changes: a Delta that arrives during one waits for it.
+	FullReconciles int `json:"full_reconciles_during_changes,omitempty"`
+	// vsplane only: the Acks of the changes.
+	AckApplyMedianMS   float64            `json:"ack_apply_median_ms,omitempty"`
+	KernelOpsPerChange map[string]float64 `json:"kernel_operations_per_change,omitempty"`
+	// Over the whole run (from the process's start): VmHWM, VmRSS at the
+	// end, CPU (utime+stime) and its children's (iptables, ipset...).
+	PeakRSSMB         float64 `json:"peak_rss_mb"`
+	RSSMB             float64 `json:"rss_mb_at_end"`
+	CPUSeconds        float64 `json:"cpu_seconds"`
+	ChildCPUSeconds   float64 `json:"children_cpu_seconds"`
+	ColdCPUSeconds    float64 `json:"cpu_seconds_until_after_cold_start"`
+	ChangesCPUSeconds float64 `json:"cpu_seconds_during_changes"`
+}
+
+// Parity is ipvsprobe's comparison of the two kernels' IPVS in the Service range.
+type Parity struct {
+	Same          bool     `json:"same"`
+	KubeProxyVS   int      `json:"kube_proxy_virtual_servers"`
+	KubeProxyRS   int      `json:"kube_proxy_real_servers"`
+	VsplaneVS     int      `json:"vsplane_virtual_servers"`
+	VsplaneRS     int      `json:"vsplane_real_servers"`
+	OnlyKubeProxy []string `json:"only_kube_proxy,omitempty"`
+	OnlyVsplane   []string `json:"only_vsplane,omitempty"`
+}
+
+// ratioKeys are the headline ratios, kube-proxy / vsplane.
+var ratioKeys = []string{"cold_ipvs_complete", "cold_synced", "change_median", "change_p90", "peak_rss", "cpu_total", "cpu_cold_start", "cpu_during_changes"}
+
+func ratios(r KubeProxyRun) map[string]float64 {
+	k, v := r.KubeProxy, r.Vsplane
+	div := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	return map[string]float64{
+		"cold_ipvs_complete": div(k.ColdIPVSSeconds, v.ColdIPVSSeconds),
+		"cold_synced":        div(k.ColdSyncedSeconds, v.ColdSyncedSeconds),
+		"change_median":      div(k.ChangeMedianMS, v.ChangeMedianMS),
+		"change_p90":         div(k.ChangeP90MS, v.ChangeP90MS),
+		"peak_rss":           div(k.PeakRSSMB, v.PeakRSSMB),
+		"cpu_total":          div(k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds),
+		"cpu_cold_start":     div(k.ColdCPUSeconds, v.ColdCPUSeconds),
+		"cpu_during_changes": div(k.ChangesCPUSeconds, v.ChangesCPUSeconds),
+	}
+}
+
+// syncMetrics is a process's kubeproxy_sync_proxy_rules_duration_seconds.
+type syncMetrics struct {
+	syncs int
+	sum   float64
+	// fullReconciles is the agent's vsplane_agent_full_reconciles_total.
+	fullReconciles int
+}
+
+// kpMetrics reads node's kubeproxy_sync_proxy_rules_duration_seconds
+// (kube-proxy and the agent both serve it on 127.0.0.1:10249).
+func kpMetrics(ctx context.Context, probe *vm.Probe, node string) (syncMetrics, error) {
+	const name, full = "kubeproxy_sync_proxy_rules_duration_seconds", "vsplane_agent_full_reconciles_total"
+	text, err := probe.Metrics(ctx, node, "http://127.0.0.1:10249/metrics", name+"_count", name+"_sum", full)
+	if err != nil {
+		return syncMetrics{}, err
+	}
+	var m syncMetrics
+	for _, l := range strings.Split(text, "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			return m, fmt.Errorf("metrics line %q: %w", l, err)
+		}
+		metric, _, _ := strings.Cut(f[0], "{") // kube-proxy labels it per IP family
+		switch metric {
+		case name + "_count":
+			m.syncs += int(v)
+		case name + "_sum":
+			m.sum += v
+		case full:
+			m.fullReconciles += int(v)
+		}
+	}
+	return m, nil
+}
+
+// measureChanges replaces one endpoint of a different Service `changes`
+// times and records, per implementation, the time from the update's answer
+// to the new real server in both virtual servers of the Service.
+func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *vm.Probe, acks <-chan stream.AckEvent, r *KubeProxyRun, changes int) {
+	t.Helper()
+	const poll = 10 * time.Millisecond
+	r.Changes, r.ChangePollMS = changes, float64(poll.Milliseconds())
+	before := map[string]syncMetrics{}
+	for _, node := range []string{kpNode, vsNode} {
+		m, err := kpMetrics(ctx, probe, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[node] = m
+	}
+	var kpLat, vsLat, apply []time.Duration
+	ops := map[string]float64{}
+	var forks uint64
+	for k := range changes {
+		i, j := (k*7919)%r.Services, k%kpEndpoints
+		name, ip := kpName(i), kpChangeIP(k)
+		svc, err := c.Kube.CoreV1().Services(kpNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Get(ctx, name+"-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es.Endpoints[j].Addresses = []string{ip}
+		var targets []wire.ProbeTarget
+		for _, p := range kpPorts {
+			targets = append(targets, wire.ProbeTarget{VS: net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(p.Port)),
+				RS: net.JoinHostPort(ip, fmt.Sprint(kpTargetPort))})
+		}
+		for len(acks) > 0 {
+			<-acks
+		}
+		kp0, err := kpMetrics(ctx, probe, kpNode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f0, err := probe.Forks(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The probe polls from before the write, so a fast apply is not
+		// missed; its events are timestamped here as they arrive.
+		id, err := probe.Send(wire.ProbeRequest{Op: wire.ProbeAwaitRS, Netns: []string{kpNode, vsNode}, Targets: targets,
+			IntervalMS: int(poll.Milliseconds()), TimeoutMS: int(time.Until(deadline(ctx)).Milliseconds())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		awaitEvent(t, ctx, probe, id, "polling")
+		if _, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		written := time.Now()
+		for done := false; !done; {
+			ev := awaitEvent(t, ctx, probe, id, "")
+			switch {
+			case ev.Kind == "seen" && ev.Netns == kpNode:
+				kpLat = append(kpLat, ev.At.Sub(written))
+			case ev.Kind == "seen" && ev.Netns == vsNode:
+				vsLat = append(vsLat, ev.At.Sub(written))
+			}
+			done = ev.Final
+		}
+		// kube-proxy writes IPVS first in a sync: let the sync end (its
+		// count grows) before counting forks and going on.
+		if err := cluster.Await(ctx, 10*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
+			m, err := kpMetrics(ctx, probe, kpNode)
+			if err == nil && m.syncs <= kp0.syncs {
+				err = fmt.Errorf("kube-proxy sync still running (%d syncs)", m.syncs)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ack := awaitAck(t, ctx, acks, "service/"+kpNamespace+"/"+name)
+		apply = append(apply, ack.ApplyDuration)
+		r.VsplaneSentMS = append(r.VsplaneSentMS, msOf(ack.SentAt.Sub(written)))
+		r.VsplaneAckMS = append(r.VsplaneAckMS, msOf(ack.ReceivedAt.Sub(written)))
+		for op, n := range ack.KernelOperations {
+			ops[op] += float64(n) / float64(changes)
+		}
+		f1, err := probe.Forks(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forks += f1 - f0
+		t.Logf("change %d (%s endpoint %d -> %s): kube-proxy %v, vsplane %v (Delta sent after %v, apply %v, Ack after %v, kernel ops %v), VM forks %d",
+			k, name, j, ip, kpLat[len(kpLat)-1].Round(time.Millisecond), vsLat[len(vsLat)-1].Round(time.Millisecond),
+			ack.SentAt.Sub(written).Round(time.Millisecond), ack.ApplyDuration.Round(10*time.Microsecond),
+			ack.ReceivedAt.Sub(written).Round(time.Millisecond), ack.KernelOperations, f1-f0)
+		// Past kube-proxy's minimum sync interval (1 s): each change is
+		// measured on its own, not rate-limited by the previous one.
+		time.Sleep(time.Second)
+	}
+	r.ForksPerChange = float64(forks) / float64(changes)
+	for _, s := range []struct {
+		side *Side
+		lat  []time.Duration
+	}{{&r.KubeProxy, kpLat}, {&r.Vsplane, vsLat}} {
+		s.side.ChangeMS = nil
+		for _, d := range s.lat {
+			s.side.ChangeMS = append(s.side.ChangeMS, msOf(d))
+		}
+		s.side.ChangeMedianMS, s.side.ChangeP90MS = msOf(Quantile(s.lat, 0.5)), msOf(Quantile(s.lat, 0.9))
+		s.side.ChangeMinMS, s.side.ChangeMaxMS = msOf(slices.Min(s.lat)), msOf(slices.Max(s.lat))
+		after, err := kpMetrics(ctx, probe, s.side.Node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := before[s.side.Node]
+		s.side.FullReconciles = after.fullReconciles - b.fullReconciles
+		if n := after.syncs - b.syncs; n > 0 {
+			s.side.SyncsPerChange = float64(n) / float64(changes)
+			s.side.SyncMeanMS = (after.sum - b.sum) / float64(n) * 1000
+		}
+	}
+	r.Vsplane.AckApplyMedianMS = msOf(Quantile(apply, 0.5))
+	r.Vsplane.KernelOpsPerChange = ops
+}
+
+// awaitEvent returns probe request id's next event (of kind, if set).
+func awaitEvent(t *testing.T, ctx context.Context, probe *vm.Probe, id int, kind string) vm.TimedEvent {
+	t.Helper()
+	for {
+		ev, err := probe.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.ID == id && (kind == "" || ev.Kind == kind) {
+			return ev
+		}
+	}
+}
+
+// awaitAck returns the agent's Ack that carried resource.
+func awaitAck(t *testing.T, ctx context.Context, acks <-chan stream.AckEvent, resource string) stream.AckEvent {
+	t.Helper()
+	timeout := time.NewTimer(2 * time.Minute)
+	defer timeout.Stop()
+	for {
+		select {
+		case ev := <-acks:
+			if _, ok := ev.TriggerTimes[resource]; ok && ev.Node == vsNode {
+				if ev.Status.String() != "ACK_STATUS_ACK" {
+					t.Fatalf("change NACKed: %v", ev.Errors)
+				}
+				return ev
+			}
+		case <-timeout.C:
+			t.Fatalf("no Ack carrying %s within 2 minutes", resource)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+}
+
+// writeKubeProxyReport stores bench/results/kubeproxy.{json,md} at the
+// repository root.
+func writeKubeProxyReport(rep KubeProxyReport) error {
+	root, err := vm.FindRepoRoot(".")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, "bench", "results")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, "kubeproxy.json")
+	var old KubeProxyReport
+	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &old) == nil &&
+		old.KubeProxy == rep.KubeProxy && old.DualStack == rep.DualStack {
+		for _, r := range old.Runs {
+			if !slices.ContainsFunc(rep.Runs, func(n KubeProxyRun) bool { return n.Services == r.Services }) {
+				rep.Runs = append(rep.Runs, r)
+			}
+		}
+	}
+	slices.SortFunc(rep.Runs, func(a, b KubeProxyRun) int { return a.Services - b.Services })
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "kubeproxy.md"), []byte(kubeProxyMarkdown(rep)), 0o644)
+}
+
+func kubeProxyMarkdown(rep KubeProxyReport) string {
+	var b strings.Builder
+	stack := "single-stack IPv4 (IPv6 disabled in its namespace)"
+	if rep.DualStack {
+		stack = "dual-stack (its default on a kernel with IPv6)"
+	}
+	fmt.Fprintf(&b, "# Node apply: kube-proxy vs vsplane, side by side (%s)\n\n", rep.Time)
+	fmt.Fprintf(&b, "One QEMU TCG VM (2 vCPUs), one kernel: kube-proxy %s, %s, in node1; the vsplane agent in node2, "+
+		"fed by the control plane on the host. Same apiserver and objects (ClusterIP Services, 2 TCP ports x 10 endpoints each). "+
+		"Each cold start runs alone (kube-proxy before the agent exists; the agent while kube-proxy is SIGSTOPped); "+
+		"the changes hit both at once (one EndpointSlice update each, a different Service each time, 1 s after kube-proxy's previous sync ended). "+
+		"All times are host-clock differences; ipvsprobe reads both kernels over netlink the same way. "+
+		"The host has 2 cores shared with other work: absolute times are inflated (each run gives the host's load average), compare the ratios. "+
+		"Written by `TestVMBenchKubeProxy` (e2e/vmbench).\n",
+		rep.KubeProxy, stack)
+	for _, r := range rep.Runs {
+		k, v := r.KubeProxy, r.Vsplane
+		fmt.Fprintf(&b, "\n## %d Services (%d virtual servers, %d real servers)\n\n", r.Services, r.VirtualServers, r.RealServers)
+		fmt.Fprintf(&b, "Measured %s; host load average at start `%s`, at end `%s`; VM boot %.0f s; objects created in %.0f s; %d changes.\n\n",
+			r.Time, r.LoadAvg, r.LoadAvgAfter, r.VMBootSeconds, r.CreateSeconds, r.Changes)
+		b.WriteString("| | kube-proxy | vsplane agent | kube-proxy / vsplane |\n|---|---:|---:|---:|\n")
+		row := func(name, format string, a, c float64, key string) {
+			fmt.Fprintf(&b, "| %s | "+format+" | "+format+" | %.1f |\n", name, a, c, r.Ratios[key])
+		}
+		row(fmt.Sprintf("cold start: process start → IPVS complete (s, polled every %.0f ms)", r.ColdPollMS), "%.1f", k.ColdIPVSSeconds, v.ColdIPVSSeconds, "cold_ipvs_complete")
+		row("cold start: → fully synced (s; kube-proxy first sync incl. ipsets+iptables, vsplane all Deltas acked)", "%.1f", k.ColdSyncedSeconds, v.ColdSyncedSeconds, "cold_synced")
+		row(fmt.Sprintf("one endpoint replaced: slice update answered → new real server in IPVS, median (ms, polled every %.0f ms)", r.ChangePollMS), "%.0f", k.ChangeMedianMS, v.ChangeMedianMS, "change_median")
+		row("… p90 (ms)", "%.0f", k.ChangeP90MS, v.ChangeP90MS, "change_p90")
+		row("peak RSS, VmHWM (MB)", "%.0f", k.PeakRSSMB, v.PeakRSSMB, "peak_rss")
+		row("CPU over the run incl. children (s)", "%.1f", k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds, "cpu_total")
+		row("CPU until after cold start (s)", "%.1f", k.ColdCPUSeconds, v.ColdCPUSeconds, "cpu_cold_start")
+		row("CPU during the changes (s)", "%.1f", k.ChangesCPUSeconds, v.ChangesCPUSeconds, "cpu_during_changes")
+		fmt.Fprintf(&b, "\nOwn metrics over the changes (`kubeproxy_sync_proxy_rules_duration_seconds`): kube-proxy %.2f syncs per change, mean %.0f ms each "+
+			"(a full sync: every Service's virtual server and real servers read back over netlink, iptables commands); "+
+			"vsplane %.2f Delta applies per change, mean %.1f ms, Ack apply median %.1f ms, kernel operations per change %s, "+
+			"%d periodic full reconciles during the changes (a Delta arriving during one waits for it). "+
+			"VM-wide forks+threads per change window: %.1f (kube-proxy's iptables/ipset commands; the agent runs none for an endpoint change).\n",
+			k.SyncsPerChange, k.SyncMeanMS, v.SyncsPerChange, v.SyncMeanMS, v.AckApplyMedianMS, opsString(v.KernelOpsPerChange), v.FullReconciles, r.ForksPerChange)
+		fmt.Fprintf(&b, "\nIPVS parity (Service range, scheduler, flags, weights): after cold start %s, after the changes %s.\n",
+			parityString(r.ParityAfterCold), parityString(r.ParityAfterChanges))
+		fmt.Fprintf(&b, "\nPer change (ms): kube-proxy %v; vsplane %v (its Delta sent after %v, Ack received after %v)\n",
+			k.ChangeMS, v.ChangeMS, r.VsplaneSentMS, r.VsplaneAckMS)
+	}
+	return b.String()
+}
+
+func opsString(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%.1f", k, m[k]))
+	}
+	return "`" + strings.Join(parts, " ") + "`"
+}
+
+func parityString(p Parity) string {
+	if p.Same {
+		return fmt.Sprintf("identical (%d virtual, %d real servers)", p.KubeProxyVS, p.KubeProxyRS)
+	}
+	return fmt.Sprintf("DIFFERENT (kube-proxy %d/%d, vsplane %d/%d; only kube-proxy e.g. %q, only vsplane e.g. %q)",
+		p.KubeProxyVS, p.KubeProxyRS, p.VsplaneVS, p.VsplaneRS, p.OnlyKubeProxy, p.OnlyVsplane)
+}

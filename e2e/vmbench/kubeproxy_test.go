@@ -1,0 +1,390 @@
+//go:build vmbench
+
+package vmbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/vm/wire"
+)
+
+// The kube-proxy comparison: one apiserver and the same objects; node1
+// runs kube-proxy v1.37 in IPVS mode (reaching the host apiserver through
+// guestfwd), node2 the vsplane agent fed by the control plane on the host.
+// Everything each one's kernel holds is read by ipvsprobe (one guest
+// process, netlink, the same method for both), and every time is a host
+// clock difference.
+const (
+	kpNode, vsNode = "node1", "node2"
+	kpEndpoints    = 10
+	kpNamespace    = "default"
+	kpTargetPort   = 8080
+)
+
+// kpPorts are each Service's ports (both TCP: graceful termination makes
+// a replaced real server weight 0 first in both implementations).
+var kpPorts = []corev1.ServicePort{
+	{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(kpTargetPort)},
+	{Name: "https", Port: 8443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(kpTargetPort)},
+}
+
+// kpFilter selects the benchmark's virtual servers (the apiserver's own
+// "kubernetes" Service is on 443; kube-proxy's start-up probe on
+// 198.51.100.0:20000).
+var kpFilter = wire.ProbeFilter{CIDR: vm.ServiceNet, Ports: []uint16{80, 8443}}
+
+func kpSizes(t *testing.T) []int {
+	s := os.Getenv("VSPLANE_VMBENCH_KP_SERVICES")
+	if s == "" {
+		return []int{1000}
+	}
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 20000 {
+			t.Fatalf("VSPLANE_VMBENCH_KP_SERVICES=%q: want comma-separated counts of 1..20000", s)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func kpChanges(t *testing.T) int {
+	s := os.Getenv("VSPLANE_VMBENCH_KP_CHANGES")
+	if s == "" {
+		return 10
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("VSPLANE_VMBENCH_KP_CHANGES=%q: want a positive count", s)
+	}
+	return n
+}
+
+// TestVMBenchKubeProxy measures node apply side by side with kube-proxy
+// at VSPLANE_VMBENCH_KP_SERVICES Services (default 1000; e.g. 1000,5000,10000,
+// each size in a fresh cluster), 2 ports x 10 endpoints each: cold start
+// into an empty kernel, VSPLANE_VMBENCH_KP_CHANGES (default 10) one-endpoint
+// changes, peak RSS and CPU. kube-proxy runs single-stack (IPv6 disabled in
+// its namespace, as on an IPv4-only node) unless VSPLANE_VMBENCH_KP_DUALSTACK=1.
+// Results: bench/results/kubeproxy.{json,md}. kube-proxy's initial sync runs
+// one ipset command per entry: about 2 minutes per 1,000 Services under TCG,
+// so 10,000 needs a -timeout of several hours.
+func TestVMBenchKubeProxy(t *testing.T) {
+	sizes, changes := kpSizes(t), kpChanges(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
+	if d, ok := t.Deadline(); ok {
+		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-30*time.Second))
+	}
+	defer cancel()
+	rep := KubeProxyReport{Time: time.Now().UTC().Format(time.RFC3339),
+		KubeProxy: "v1.37.2, --proxy-mode=ipvs, flags: see e2e/cluster.KubeProxyArgs", DualStack: os.Getenv("VSPLANE_VMBENCH_KP_DUALSTACK") == "1"}
+	for _, n := range sizes {
+		r := runKubeProxyBench(t, ctx, n, changes, rep.DualStack)
+		rep.Runs = append(rep.Runs, r)
+		for _, k := range ratioKeys {
+			t.Logf("N=%d %-30s kube-proxy / vsplane = %8.2f", n, k, r.Ratios[k])
+		}
+	}
+	if err := writeKubeProxyReport(rep); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runKubeProxyBench runs one size in a fresh cluster.
+func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualStack bool) KubeProxyRun {
+	r := KubeProxyRun{Time: time.Now().UTC().Format(time.RFC3339), Services: n, Ports: len(kpPorts), Endpoints: kpEndpoints, VirtualServers: n * len(kpPorts),
+		RealServers: n * len(kpPorts) * kpEndpoints, LoadAvg: loadavg(), KubeProxy: Side{Node: kpNode}, Vsplane: Side{Node: vsNode}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acks := make(chan stream.AckEvent, 1<<16)
+	mem := 2048
+	if n > 2000 {
+		mem = 4096
+	}
+	c, err := cluster.Start(ctx, cluster.Options{
+		Nodes:         2,
+		NoAgent:       []string{kpNode, vsNode},
+		KubeProxy:     true,
+		GoPackages:    []string{vm.ProbePackage},
+		GuestFwdPorts: []int{ln.Addr().(*net.TCPAddr).Port},
+		VMMemoryMB:    mem,
+		// One cluster CIDR both get (kube-proxy takes one per family).
+		Translate: translate.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}},
+		StreamHooks: stream.Hooks{OnAck: func(ev stream.AckEvent) {
+			select {
+			case acks <- ev:
+			default:
+			}
+		}},
+		VMBootTimeout: 8 * time.Minute,
+		Log:           zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	})
+	if err != nil {
+		if errors.Is(err, vm.ErrDepsMissing) {
+			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
+		}
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			for _, p := range []string{"kube-proxy-" + kpNode + "-1", "agent-" + vsNode + "-1"} {
+				if res, err := c.VM.Run(lctx, "tail -n 30 /tmp/vmexec/"+p+".log"); err == nil {
+					t.Logf("%s log tail:\n%s", p, res.Stdout)
+				}
+			}
+			lcancel()
+		}
+		_ = c.Stop()
+	}()
+	r.VMBootSeconds = c.VM.BootTime.Seconds()
+	probe, err := vm.StartProbe(ctx, c.VM, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Stop()
+
+	start := time.Now()
+	if err := createServices(ctx, c, n); err != nil {
+		t.Fatal(err)
+	}
+	r.CreateSeconds = time.Since(start).Seconds()
+	t.Logf("N=%d: %d Services and EndpointSlices created in %.1f s (load %s)", n, n, r.CreateSeconds, loadavg())
+
+	interval := 100 * time.Millisecond
+	if n > 1000 {
+		interval = 250 * time.Millisecond
+	}
+	if n > 5000 {
+		interval = 500 * time.Millisecond
+	}
+	r.ColdPollMS = float64(interval.Milliseconds())
+	kpOpts := cluster.KubeProxyOptions{IPv4Only: !dualStack}
+
+	// Each cold start alone in the VM: kube-proxy first; then it is
+	// stopped (SIGSTOP: its periodic 30 s full syncs would take the CPU
+	// from the agent) while the agent starts, and continued afterwards.
+	t0 := time.Now()
+	if _, err := c.StartKubeProxy(ctx, kpNode, kpOpts); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := probe.AwaitCount(ctx, kpNode, kpFilter, r.VirtualServers, r.RealServers, interval, time.Until(deadline(ctx)))
+	if err != nil {
+		t.Fatalf("kube-proxy cold start: %v", err)
+	}
+	r.KubeProxy.ColdIPVSSeconds = ev.At.Sub(t0).Seconds()
+	if err := cluster.Await(ctx, time.Until(deadline(ctx)), 200*time.Millisecond, func(ctx context.Context) error {
+		m, err := kpMetrics(ctx, probe, kpNode)
+		if err == nil && m.syncs < 1 {
+			err = errors.New("kube-proxy's first sync has not finished")
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.KubeProxy.ColdSyncedSeconds = time.Since(t0).Seconds()
+	t.Logf("N=%d: kube-proxy IPVS complete after %.1f s, first sync done after %.1f s", n, r.KubeProxy.ColdIPVSSeconds, r.KubeProxy.ColdSyncedSeconds)
+	kp := kubeProxyPID(t, ctx, probe)
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kp)); err != nil {
+		t.Fatal(err)
+	}
+
+	t0 = time.Now()
+	if err := c.StartAgent(ctx, vsNode); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err = probe.AwaitCount(ctx, vsNode, kpFilter, r.VirtualServers, r.RealServers, interval, time.Until(deadline(ctx))); err != nil {
+		t.Fatalf("vsplane cold start: %v", err)
+	}
+	r.Vsplane.ColdIPVSSeconds = ev.At.Sub(t0).Seconds()
+	if err := c.AwaitAcked(ctx, time.Until(deadline(ctx))); err != nil {
+		t.Fatal(err)
+	}
+	r.Vsplane.ColdSyncedSeconds = time.Since(t0).Seconds()
+	t.Logf("N=%d: vsplane IPVS complete after %.1f s, every Delta acked after %.1f s", n, r.Vsplane.ColdIPVSSeconds, r.Vsplane.ColdSyncedSeconds)
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d", kp)); err != nil {
+		t.Fatal(err)
+	}
+
+	r.ParityAfterCold = parity(t, ctx, probe, n)
+	coldProcs := procs(t, ctx, probe)
+	r.KubeProxy.ColdCPUSeconds, r.Vsplane.ColdCPUSeconds = coldProcs[0].CPUSeconds()+coldProcs[0].ChildCPUSeconds(), coldProcs[1].CPUSeconds()+coldProcs[1].ChildCPUSeconds()
+
+	measureChanges(t, ctx, c, probe, acks, &r, changes)
+
+	r.ParityAfterChanges = parity(t, ctx, probe, n)
+	end := procs(t, ctx, probe)
+	for i, s := range []*Side{&r.KubeProxy, &r.Vsplane} {
+		p := end[i]
+		s.PID, s.PeakRSSMB, s.RSSMB = p.PID, float64(p.VmHWMKB)/1024, float64(p.VmRSSKB)/1024
+		s.CPUSeconds, s.ChildCPUSeconds = p.CPUSeconds(), p.ChildCPUSeconds()
+		s.ChangesCPUSeconds = (p.CPUSeconds() + p.ChildCPUSeconds()) - (coldProcs[i].CPUSeconds() + coldProcs[i].ChildCPUSeconds())
+	}
+	r.Ratios = ratios(r)
+	r.LoadAvgAfter = loadavg()
+	return r
+}
+
+func deadline(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Now().Add(time.Hour)
+	}
+	return d
+}
+
+// createServices creates n Services (kpPorts) with one EndpointSlice of
+// kpEndpoints ready endpoints each, on no node, through the apiserver with
+// 8 writers.
+func createServices(ctx context.Context, c *cluster.Cluster, n int) error {
+	work := make(chan int)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for i := range work {
+				svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: kpNamespace, Name: kpName(i)},
+					Spec: corev1.ServiceSpec{Ports: kpPorts}}
+				if _, err := c.Kube.CoreV1().Services(kpNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+				eps := make([]string, kpEndpoints)
+				for j := range eps {
+					eps[j] = kpEndpointIP(i, j)
+				}
+				if _, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Create(ctx, kpSlice(i, eps), metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	var err error
+feed:
+	for i := range n {
+		select {
+		case work <- i:
+		case err = <-errs:
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+func kpName(i int) string { return fmt.Sprintf("kp-%d", i) }
+
+// kpEndpointIP is endpoint j of Service i; nothing answers there (IPVS
+// only holds it).
+func kpEndpointIP(i, j int) string { return fmt.Sprintf("198.19.%d.%d", 100+j, i%250+1) }
+
+// kpChangeIP is the address change k brings in (never an initial one).
+func kpChangeIP(k int) string { return fmt.Sprintf("198.19.%d.%d", 110+(k/250)%100, k%250+1) }
+
+func kpSlice(i int, eps []string) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: kpNamespace, Name: kpName(i) + "-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: kpName(i), discoveryv1.LabelManagedBy: "vsplane-e2e"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	for _, p := range kpPorts {
+		name, port, proto := p.Name, int32(kpTargetPort), p.Protocol
+		es.Ports = append(es.Ports, discoveryv1.EndpointPort{Name: &name, Port: &port, Protocol: &proto})
+	}
+	for _, ip := range eps {
+		ready := true
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	return es
+}
+
+// parity compares the two kernels' virtual and real servers in the Service
+// range (retrying: kube-proxy may be mid-sync). One comparison reads both
+// tables over netlink: about a minute for 10,000 Services under TCG.
+func parity(t *testing.T, ctx context.Context, probe *vm.Probe, services int) Parity {
+	t.Helper()
+	f := wire.ProbeFilter{CIDR: vm.ServiceNet}
+	var d wire.ProbeEvent
+	err := cluster.Await(ctx, 2*time.Minute+time.Duration(services)*40*time.Millisecond, 2*time.Second, func(ctx context.Context) error {
+		var err error
+		if d, err = probe.Diff(ctx, kpNode, vsNode, f); err == nil && !d.Same {
+			err = fmt.Errorf("differ: only kube-proxy %q, only vsplane %q", d.OnlyA, d.OnlyB)
+		}
+		return err
+	})
+	p := Parity{Same: d.Same, KubeProxyVS: d.VS, KubeProxyRS: d.RS, VsplaneVS: d.VS2, VsplaneRS: d.RS2, OnlyKubeProxy: d.OnlyA, OnlyVsplane: d.OnlyB}
+	if err != nil {
+		t.Errorf("IPVS parity: %v", err)
+	}
+	return p
+}
+
+// kubeProxyPID is kube-proxy's PID in the guest.
+func kubeProxyPID(t *testing.T, ctx context.Context, probe *vm.Probe) int {
+	t.Helper()
+	ps, err := probe.Procs(ctx, []string{"kube-proxy", "--hostname-override=" + kpNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 {
+		t.Fatalf("want one kube-proxy process, have %+v", ps)
+	}
+	return ps[0].PID
+}
+
+// procs returns kube-proxy's and the agent's process stats, in that order.
+func procs(t *testing.T, ctx context.Context, probe *vm.Probe) [2]wire.ProcStat {
+	t.Helper()
+	ps, err := probe.Procs(ctx, []string{"kube-proxy", "--hostname-override=" + kpNode}, []string{"vsplane-agent", "--node-name " + vsNode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [2]wire.ProcStat
+	var found [2]bool
+	for _, p := range ps {
+		i := 0
+		if strings.Contains(p.Cmdline, "vsplane-agent") {
+			i = 1
+		}
+		out[i], found[i] = p, true
+	}
+	if !found[0] || !found[1] {
+		t.Fatalf("kube-proxy and the agent not both found among %+v", ps)
+	}
+	return out
+}
