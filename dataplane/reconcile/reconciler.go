@@ -125,6 +125,11 @@ type Reconciler struct {
 	log      *zap.Logger
 	families familySet
 
+	// tracker records the kernel writes made while a full pass reads the
+	// kernel without mu (prefetch.go); fullMu serializes those passes.
+	tracker *writeTracker
+	fullMu  sync.Mutex
+
 	mu      sync.Mutex
 	store   *store
 	synced  bool // the first delta (full desired state) arrived
@@ -203,8 +208,9 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	if len(cfg.Schedulers) > 0 {
 		scheds = slices.Compact(slices.Sorted(slices.Values(cfg.Schedulers)))
 	}
-	return &Reconciler{schedulers: scheds,
-		k: k, cfg: cfg, log: log, families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
+	tracker := &writeTracker{}
+	return &Reconciler{schedulers: scheds, tracker: tracker,
+		k: tracker.wrap(k), cfg: cfg, log: log, families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
 		store: newStore(), applied: map[string]string{}, failed: map[string]failure{}, recovered: map[string]string{},
 		programmed: map[kernel.VirtualServerKey]struct{}{}, lastRules: map[kernel.Family][]byte{},
 		stats: Stats{RepairsByKind: map[string]uint64{}, DrainOps: map[string]uint64{}}, wake: make(chan struct{}, 1),
@@ -305,7 +311,7 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 		p.syncSettings()
 	}
 	if first {
-		r.fullPass(p)
+		r.fullPass(p, nil, touchedWrites{})
 	} else {
 		if prevSettings.defaultScheduler != p.s.defaultScheduler {
 			for key := range r.store.vsOwners {
@@ -316,7 +322,7 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 		}
 		if settingsChanged && !slices.Equal(prevSettings.excludeCIDRs, p.s.excludeCIDRs) {
 			// Items kept only because they were excluded may now go.
-			r.fullPass(p)
+			r.fullPass(p, nil, touchedWrites{})
 		} else {
 			r.touchedPass(p, t)
 		}
@@ -435,7 +441,7 @@ func (r *Reconciler) touchedPass(p *pass, t *touched) {
 	for _, key := range sortedKeys(t.vss, kernel.VirtualServerKey.Compare) {
 		p.syncVS(key, t.vss[key])
 	}
-	p.listed = nil
+	p.listed, p.listedDests = nil, nil
 	p.flushIPVS()
 	for _, a := range sortedKeys(t.addrs, func(a, b netipAddr) int { return a.Compare(b) }) {
 		p.syncAddr(a, t.addrs[a])
@@ -445,9 +451,12 @@ func (r *Reconciler) touchedPass(p *pass, t *touched) {
 }
 
 // fullPass compares everything the agent owns with the kernel. It lists
-// every table and so refreshes the record incremental passes rely on.
-func (r *Reconciler) fullPass(p *pass) {
+// every table and so refreshes the record incremental passes rely on; what
+// read (taken before the lock, may be nil) holds that is still current is
+// not listed again.
+func (r *Reconciler) fullPass(p *pass, read *kernelRead, since touchedWrites) {
 	r.forget()
+	read.use(p, since)
 	p.ensureSets()
 	if err := p.loadBound(); err != nil {
 		p.fail(nil, "list addresses of "+kernel.DummyDevice, err)
@@ -459,7 +468,11 @@ func (r *Reconciler) fullPass(p *pass) {
 	for key := range r.programmed {
 		keys[key] = nil
 	}
-	for key := range p.listVirtualServers() {
+	listed := p.listed
+	if listed == nil {
+		listed = p.listVirtualServers()
+	}
+	for key := range listed {
 		if key.FWMark == 0 && r.rec.bound[key.Address] && !p.excluded(key.Address) {
 			keys[key] = nil
 		}
@@ -467,7 +480,7 @@ func (r *Reconciler) fullPass(p *pass) {
 	for _, key := range sortedKeys(keys, kernel.VirtualServerKey.Compare) {
 		p.syncVS(key, nil)
 	}
-	p.listed = nil
+	p.listed, p.listedDests = nil, nil
 	p.flushIPVS()
 	addrs := map[netipAddr][]string{}
 	for a := range r.store.addrVS {
@@ -583,18 +596,34 @@ func (r *Reconciler) Failed() map[string]string {
 
 // Reconcile compares all desired state with the kernel now, repairs what
 // differs and retries failed resources. Before the first Apply it does
-// nothing (fail-static).
+// nothing (fail-static). It reads the kernel's tables before taking the
+// lock Apply needs (prefetch.go), so a Delta waits only for the comparison
+// and the repairs.
 func (r *Reconciler) Reconcile(ctx context.Context) {
+	r.fullMu.Lock() // one read-then-compare at a time: they share r.tracker
+	defer r.fullMu.Unlock()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.synced {
+	synced := r.synced
+	r.mu.Unlock()
+	if !synced {
 		return
 	}
+	start := time.Now()
+	r.tracker.start()
+	read := r.readKernel(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	since := r.tracker.stop()
+	locked := time.Now()
+	defer func() {
+		r.log.Debug("full reconcile", zap.Duration("read", locked.Sub(start)), zap.Duration("locked", time.Since(locked)),
+			zap.Int("writtenMeanwhile", len(since.vs)+len(since.sets)))
+	}()
 	p := r.newPass(ctx)
 	p.syncSettings()
 	r.refreshNodePort(p) // the full pass compares everything anyway
 	r.admit(nil)
-	r.fullPass(p)
+	r.fullPass(p, read, since)
 	p.syncIPTables(true, nil)
 	r.settle(p, slices.Collect(maps.Keys(r.store.res)))
 	now := r.cfg.Now()

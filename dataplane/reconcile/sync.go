@@ -52,6 +52,9 @@ type pass struct {
 	// listed is the IPVS table read by a full pass (nil: read per key), so
 	// a full pass costs one list instead of one get per virtual server.
 	listed map[kernel.VirtualServerKey]kernel.VirtualServer
+	// listedDests are real servers a full pass read before taking the
+	// lock (prefetch.go), by virtual server; one absent is read per key.
+	listedDests map[kernel.VirtualServerKey][]kernel.Destination
 	// drainOps are the ops (also in ops) that ended a drain: housekeeping,
 	// not drift repair.
 	drainOps map[string]uint32
@@ -216,10 +219,13 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination,
 	k := p.r.k.IPVS
 	have := map[kernel.DestinationKey]kernel.Destination{}
 	if exists {
-		list, err := k.ListDestinations(key)
-		if err != nil {
-			p.fail(names, "ipvs list destinations "+key.String(), err)
-			return
+		list, ok := p.listedDests[key]
+		if !ok {
+			var err error
+			if list, err = k.ListDestinations(key); err != nil {
+				p.fail(names, "ipvs list destinations "+key.String(), err)
+				return
+			}
 		}
 		for _, d := range list {
 			have[d.Key()] = d

@@ -1,0 +1,284 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// A periodic full pass reads every table the agent owns. At 10k Services
+// that is 20k virtual servers, 200k real servers and the sets' entries: a
+// few seconds on a slow node. Reading it under the reconciler's lock held
+// every Delta for that long, so the pass reads first, without the lock
+// (kernelRead), and then compares and writes under it. A write made while
+// the tables were being read marks what it touched (writeTracker); the pass
+// reads those objects again under the lock. Every write goes through the
+// tracking wrappers below, so no writer can be forgotten.
+
+// kernelRead is what a full pass read of the kernel before taking the lock.
+// Absent entries (and nil maps) were not read, or are stale: the pass reads
+// them under the lock as it always did.
+type kernelRead struct {
+	vs    map[kernel.VirtualServerKey]kernel.VirtualServer // nil: not listed
+	dests map[kernel.VirtualServerKey][]kernel.Destination
+	bound map[netip.Addr]bool // addresses on kube-ipvs0; nil: not read
+	// entries of the managed sets, by name.
+	entries map[string][]kernel.Entry
+}
+
+// readKernel reads the tables a full pass compares. It must run without
+// r.mu; r.tracker records the writes made meanwhile.
+func (r *Reconciler) readKernel(ctx context.Context) *kernelRead {
+	out := &kernelRead{entries: map[string][]kernel.Entry{}}
+	if list, err := r.k.IPVS.ListVirtualServers(); err == nil {
+		out.vs = make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(list))
+		out.dests = make(map[kernel.VirtualServerKey][]kernel.Destination, len(list))
+		for _, vs := range list {
+			out.vs[vs.Key] = vs
+			if ctx.Err() != nil {
+				continue
+			}
+			if ds, err := r.k.IPVS.ListDestinations(vs.Key); err == nil {
+				out.dests[vs.Key] = ds
+			}
+		}
+	}
+	if list, err := r.k.Links.BoundAddresses(kernel.DummyDevice); err == nil {
+		out.bound = make(map[netip.Addr]bool, len(list))
+		for _, a := range list {
+			out.bound[a.Unmap()] = true
+		}
+	}
+	for _, ref := range r.managedSets() {
+		if list, err := r.k.IPSets.ListEntries(ref.name()); err == nil {
+			out.entries[ref.name()] = list
+		}
+	}
+	return out
+}
+
+// use hands the pass what is still current of the read: everything the
+// writes since the read began (w) did not touch. Called under r.mu after
+// r.forget(), before anything of the pass reads the kernel.
+func (read *kernelRead) use(p *pass, w touchedWrites) {
+	if read == nil {
+		return
+	}
+	rec := &p.r.rec
+	if read.bound != nil && !w.addresses {
+		rec.bound, rec.dummyGone = read.bound, false
+	}
+	for name, list := range read.entries {
+		if w.sets[name] {
+			continue
+		}
+		m := make(map[kernel.Entry]bool, len(list))
+		for _, e := range list {
+			e.Comment = ""
+			m[e.Normalize()] = true
+		}
+		rec.setEntries[name] = m
+	}
+	if read.vs == nil {
+		return
+	}
+	// Servers written to since: read again now (O(writes), under the lock).
+	for key := range w.vs {
+		delete(read.vs, key)
+		delete(read.dests, key)
+		cur, err := p.r.k.IPVS.GetVirtualServer(key)
+		switch {
+		case err == nil:
+			read.vs[key] = cur
+		case !errors.Is(err, kernel.ErrNotFound):
+			return // p.listed stays nil: the pass lists under the lock
+		}
+	}
+	p.listed, p.listedDests = read.vs, read.dests
+}
+
+// touchedWrites are the kernel objects written to while a read was taken.
+type touchedWrites struct {
+	vs        map[kernel.VirtualServerKey]bool
+	sets      map[string]bool
+	addresses bool // any change to kube-ipvs0 or its addresses
+}
+
+// writeTracker records, between start and stop, what each kernel write
+// touched. A write is recorded after it returns: one that ended before
+// start is in what the read saw; one that ends after start is recorded.
+type writeTracker struct {
+	mu sync.Mutex
+	on bool
+	w  touchedWrites
+}
+
+func (t *writeTracker) start() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.on = true
+	t.w = touchedWrites{vs: map[kernel.VirtualServerKey]bool{}, sets: map[string]bool{}}
+}
+
+func (t *writeTracker) stop() touchedWrites {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.on = false
+	w := t.w
+	t.w = touchedWrites{}
+	return w
+}
+
+func (t *writeTracker) record(f func(w *touchedWrites)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.on {
+		f(&t.w)
+	}
+}
+
+func (t *writeTracker) vs(keys ...kernel.VirtualServerKey) {
+	t.record(func(w *touchedWrites) {
+		for _, k := range keys {
+			w.vs[k] = true
+		}
+	})
+}
+
+func (t *writeTracker) sets(names ...string) {
+	t.record(func(w *touchedWrites) {
+		for _, n := range names {
+			w.sets[n] = true
+		}
+	})
+}
+
+func (t *writeTracker) addresses() { t.record(func(w *touchedWrites) { w.addresses = true }) }
+
+// wrap returns k with IPVS, IPSets and Links writes recorded by t.
+func (t *writeTracker) wrap(k kernel.Kernel) kernel.Kernel {
+	k.IPVS = trackedIPVS{k.IPVS, t}
+	k.IPSets = trackedIPSets{k.IPSets, t}
+	k.Links = trackedLinks{k.Links, t}
+	return k
+}
+
+type trackedIPVS struct {
+	kernel.IPVS
+	t *writeTracker
+}
+
+func (v trackedIPVS) AddVirtualServer(vs kernel.VirtualServer) error {
+	defer v.t.vs(vs.Key)
+	return v.IPVS.AddVirtualServer(vs)
+}
+
+func (v trackedIPVS) UpdateVirtualServer(vs kernel.VirtualServer) error {
+	defer v.t.vs(vs.Key)
+	return v.IPVS.UpdateVirtualServer(vs)
+}
+
+func (v trackedIPVS) DeleteVirtualServer(key kernel.VirtualServerKey) error {
+	defer v.t.vs(key)
+	return v.IPVS.DeleteVirtualServer(key)
+}
+
+func (v trackedIPVS) AddDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
+	defer v.t.vs(key)
+	return v.IPVS.AddDestination(key, d)
+}
+
+func (v trackedIPVS) UpdateDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
+	defer v.t.vs(key)
+	return v.IPVS.UpdateDestination(key, d)
+}
+
+func (v trackedIPVS) DeleteDestination(key kernel.VirtualServerKey, d kernel.DestinationKey) error {
+	defer v.t.vs(key)
+	return v.IPVS.DeleteDestination(key, d)
+}
+
+func (v trackedIPVS) Apply(ops []kernel.IPVSOp) []error {
+	defer func() {
+		keys := make([]kernel.VirtualServerKey, len(ops))
+		for i, op := range ops {
+			keys[i] = op.Server.Key
+		}
+		v.t.vs(keys...)
+	}()
+	return v.IPVS.Apply(ops)
+}
+
+type trackedIPSets struct {
+	kernel.IPSets
+	t *writeTracker
+}
+
+func (s trackedIPSets) CreateSet(set kernel.IPSet) error {
+	defer s.t.sets(set.Name)
+	return s.IPSets.CreateSet(set)
+}
+
+func (s trackedIPSets) DestroySet(name string) error {
+	defer s.t.sets(name)
+	return s.IPSets.DestroySet(name)
+}
+
+func (s trackedIPSets) FlushSet(name string) error {
+	defer s.t.sets(name)
+	return s.IPSets.FlushSet(name)
+}
+
+func (s trackedIPSets) AddEntry(set kernel.IPSet, e kernel.Entry) error {
+	defer s.t.sets(set.Name)
+	return s.IPSets.AddEntry(set, e)
+}
+
+func (s trackedIPSets) DelEntry(set kernel.IPSet, e kernel.Entry) error {
+	defer s.t.sets(set.Name)
+	return s.IPSets.DelEntry(set, e)
+}
+
+func (s trackedIPSets) ApplyEntries(ops []kernel.EntryOp) []error {
+	defer func() {
+		names := make([]string, len(ops))
+		for i, op := range ops {
+			names[i] = op.Set.Name
+		}
+		s.t.sets(names...)
+	}()
+	return s.IPSets.ApplyEntries(ops)
+}
+
+type trackedLinks struct {
+	kernel.Links
+	t *writeTracker
+}
+
+func (l trackedLinks) EnsureDummy(name string) (bool, error) {
+	defer l.t.addresses()
+	return l.Links.EnsureDummy(name)
+}
+
+func (l trackedLinks) DeleteDummy(name string) error {
+	defer l.t.addresses()
+	return l.Links.DeleteDummy(name)
+}
+
+func (l trackedLinks) BindAddress(dev string, addr netip.Addr) (bool, error) {
+	defer l.t.addresses()
+	return l.Links.BindAddress(dev, addr)
+}
+
+func (l trackedLinks) UnbindAddress(dev string, addr netip.Addr) error {
+	defer l.t.addresses()
+	return l.Links.UnbindAddress(dev, addr)
+}
+
+func (l trackedLinks) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
+	defer l.t.addresses()
+	return l.Links.ApplyAddresses(dev, ops)
+}
