@@ -38,6 +38,17 @@ type TimedEvent struct {
 	At time.Time
 }
 
+// SinceWrite times a change seen by ipvsprobe's ProbeAwaitRS: from written
+// (host clock, after the polling event arrived) to the poll that saw it
+// (seen). The guest's clock is mapped to the host's through the polling
+// event, taken as arriving the instant it was sent: the result is too
+// long by that event's one-way delay, never too short, and it does not
+// include the delay of the seen event itself (which, through QEMU's
+// guestfwd, was measured at 20-30 ms and would dwarf a fast change).
+func SinceWrite(polling, seen TimedEvent, written time.Time) time.Duration {
+	return time.Duration(seen.GuestUS-polling.GuestUS)*time.Microsecond - written.Sub(polling.At)
+}
+
 // StartProbe starts ipvsprobe in the VM, dialing ln (a host listener on
 // 127.0.0.1 whose port is in Options.GuestFwdPorts), and returns once it is
 // connected. Stop (or the VM's) ends it.

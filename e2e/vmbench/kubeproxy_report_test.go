@@ -254,7 +254,7 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 		if err != nil {
 			t.Fatal(err)
 		}
-		awaitEvent(t, ctx, probe, id, "polling")
+		polling := awaitEvent(t, ctx, probe, id, "polling")
 		if _, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -263,9 +263,9 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 			ev := awaitEvent(t, ctx, probe, id, "")
 			switch {
 			case ev.Kind == "seen" && ev.Netns == kpNode:
-				kpLat = append(kpLat, ev.At.Sub(written))
+				kpLat = append(kpLat, vm.SinceWrite(polling, ev, written))
 			case ev.Kind == "seen" && ev.Netns == vsNode:
-				vsLat = append(vsLat, ev.At.Sub(written))
+				vsLat = append(vsLat, vm.SinceWrite(polling, ev, written))
 			}
 			done = ev.Final
 		}
@@ -342,7 +342,7 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kp)); err != nil {
 		t.Fatal(err)
 	}
-	var lat, ackLat, apply []time.Duration
+	var lat, hostLat, ackLat, apply []time.Duration
 	for k := range changes {
 		// Services and addresses the simultaneous changes do not use.
 		i, j := (k*7919+r.Services/2)%r.Services, k%kpEndpoints
@@ -369,22 +369,25 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 		if err != nil {
 			t.Fatal(err)
 		}
-		awaitEvent(t, ctx, probe, id, "polling")
+		polling := awaitEvent(t, ctx, probe, id, "polling")
 		if _, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		written := time.Now()
+		polls := 0
 		for done := false; !done; {
 			ev := awaitEvent(t, ctx, probe, id, "")
 			if ev.Kind == "seen" {
-				lat = append(lat, ev.At.Sub(written))
+				lat, polls = append(lat, vm.SinceWrite(polling, ev, written)), ev.Polls
+				hostLat = append(hostLat, ev.At.Sub(written))
 			}
 			done = ev.Final
 		}
 		ack := awaitAck(t, ctx, acks, "service/"+kpNamespace+"/"+name)
 		ackLat, apply = append(ackLat, ack.ReceivedAt.Sub(written)), append(apply, ack.ApplyDuration)
-		t.Logf("alone change %d (%s endpoint %d -> %s): vsplane %v (Ack after %v, apply %v)", k, name, j, ip,
-			lat[len(lat)-1].Round(100*time.Microsecond), ackLat[len(ackLat)-1].Round(100*time.Microsecond), ack.ApplyDuration.Round(10*time.Microsecond))
+		t.Logf("alone change %d (%s endpoint %d -> %s): vsplane %v (seen event arrived after %v, at poll %d; Ack after %v, apply %v)", k, name, j, ip,
+			lat[len(lat)-1].Round(100*time.Microsecond), hostLat[len(hostLat)-1].Round(100*time.Microsecond), polls,
+			ackLat[len(ackLat)-1].Round(100*time.Microsecond), ack.ApplyDuration.Round(10*time.Microsecond))
 	}
 	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d", kp)); err != nil {
 		t.Fatal(err)
@@ -489,7 +492,8 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		"the changes are measured twice: the agent alone while kube-proxy is SIGSTOPped (a block of changes; kube-proxy catches up after it), "+
 		"then both at once (one EndpointSlice update each, a different Service each time, 1 s after kube-proxy's previous sync ended), "+
 		"where kube-proxy's full sync and the agent share the VM's two vCPUs. kube-proxy's change time is the both-at-once one in both rows. "+
-		"All times are host-clock differences; ipvsprobe reads both kernels over netlink the same way. "+
+		"Change times: ipvsprobe polls both kernels over netlink the same way and timestamps each poll on its own clock, mapped to the host's "+
+		"through its \"polling\" event (an upper bound: too long by that event's guest-to-host delay; see vm.SinceWrite); other times are host-clock differences. "+
 		"The host has 2 cores shared with other work: absolute times are inflated (each run gives the host's load average), compare the ratios. "+
 		"Written by `TestVMBenchKubeProxy` (e2e/vmbench).\n",
 		rep.KubeProxy, stack)

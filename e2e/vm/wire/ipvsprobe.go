@@ -80,6 +80,10 @@ type ProbeEvent struct {
 	VS    int `json:"vs,omitempty"`
 	RS    int `json:"rs,omitempty"`
 	Polls int `json:"polls,omitempty"`
+	// GuestUS (polling, seen) is when the poll that gave the event ran,
+	// in microseconds on the probe's monotonic clock: the host subtracts
+	// two of them to time a change without the guest-to-host delay.
+	GuestUS int64 `json:"guest_us,omitempty"`
 	// Diff: RS2/VS2 are Netns[1]'s counts; OnlyA/OnlyB up to 20 lines each
 	// that only one side has; Same when there are none.
 	VS2   int      `json:"vs2,omitempty"`

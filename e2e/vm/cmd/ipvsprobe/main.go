@@ -61,7 +61,7 @@ func run(addr string) error {
 	}
 	defer conn.Close()
 	fmt.Println("ipvsprobe connected to", addr)
-	p := &probe{handles: map[string]*ipvs.Handle{}, out: json.NewEncoder(conn)}
+	p := &probe{handles: map[string]*ipvs.Handle{}, out: json.NewEncoder(conn), start: time.Now()}
 	sc := bufio.NewScanner(conn)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -81,7 +81,11 @@ func run(addr string) error {
 type probe struct {
 	handles map[string]*ipvs.Handle
 	out     *json.Encoder
+	start   time.Time // GuestUS's origin
 }
+
+// guestUS is the probe's monotonic clock (ProbeEvent.GuestUS).
+func (p *probe) guestUS() int64 { return time.Since(p.start).Microseconds() }
 
 func (p *probe) send(ev wire.ProbeEvent) error { return p.out.Encode(ev) }
 
@@ -288,14 +292,16 @@ func (p *probe) awaitRS(req wire.ProbeRequest) error {
 	for polls := 1; len(left) > 0; polls++ {
 		for _, ns := range slices.Clone(left) {
 			if has(hs[ns], ts) {
+				at := p.guestUS() // after the read: an upper bound
 				left = slices.DeleteFunc(left, func(s string) bool { return s == ns })
-				if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "seen", Netns: ns, Polls: polls}); err != nil {
+				if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "seen", Netns: ns, Polls: polls, GuestUS: at}); err != nil {
 					return err
 				}
 			}
 		}
 		if polls == 1 {
-			if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "polling"}); err != nil {
+			// Sent right away: the host takes its arrival as this instant.
+			if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "polling", GuestUS: p.guestUS()}); err != nil {
 				return err
 			}
 		}
