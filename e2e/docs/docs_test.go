@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 func repoFile(t *testing.T, rel string) string {
@@ -51,6 +53,36 @@ func TestOperationsGuideListsEveryMetric(t *testing.T) {
 	for name := range documented {
 		if !registered[name] {
 			t.Errorf("docs/operations.md lists %s, which no binary registers", name)
+		}
+	}
+}
+
+// TestMigrationGuideNamesRealMetrics: every metric docs/migration.md tells
+// the operator to watch is registered, and every kernel-operation kind it
+// names is one the agents report.
+func TestMigrationGuideNamesRealMetrics(t *testing.T) {
+	cp, ag, err := Registered()
+	if err != nil {
+		t.Fatal(err)
+	}
+	registered := map[string]bool{}
+	for _, m := range append(cp, ag...) {
+		registered[m.Name] = true
+	}
+	doc := repoFile(t, "docs/migration.md")
+	seen := 0
+	for _, m := range metricName.FindAllString(doc, -1) {
+		seen++
+		if !registered[m] {
+			t.Errorf("docs/migration.md names %s, which no binary registers", m)
+		}
+	}
+	if seen == 0 {
+		t.Error("docs/migration.md names no metric")
+	}
+	for _, m := range regexp.MustCompile("`((?:ipvs|ipset|addr|iptables|dummy|sysctl)_[a-z_]+)`").FindAllStringSubmatch(doc, -1) {
+		if wire.KnownOp(m[1]) != m[1] {
+			t.Errorf("docs/migration.md names the kernel operation %s, which the agents do not report", m[1])
 		}
 	}
 }

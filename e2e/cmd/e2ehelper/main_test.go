@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -115,6 +118,41 @@ func TestRequestFailureExitsNonZero(t *testing.T) {
 		t.Fatalf("exit %d, want 1: %s", code, out.String())
 	}
 	if sum := summaryOf(t, out.String()); sum.Fail != 2 || sum.OK != 0 {
+		t.Errorf("summary %+v", sum)
+	}
+}
+
+// TestRequestStopFile: --stop-file ends the loop between requests (none
+// cut short), the summary counts what was sent, and the exit is 0.
+func TestRequestStopFile(t *testing.T) {
+	tcpAddr, _ := startServe(t, "pod-s")
+	stop := filepath.Join(t.TempDir(), "stop")
+	out := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), []string{"request", "--addr", tcpAddr, "--count", "100000",
+			"--interval", "5ms", "--stop-file", stop}, out, io.Discard)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "3 ok") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no third answer: %s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop did not stop")
+	}
+	sum := summaryOf(t, out.String())
+	if sum.OK < 3 || sum.OK >= 100000 || sum.Fail != 0 || sum.Backends["pod-s"] != sum.OK {
 		t.Errorf("summary %+v", sum)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +28,7 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	interval := fs.Duration("interval", 0, "pause between requests")
 	sourceFrom := fs.String("source-from", "", "tcp: request i (from 0) leaves from this IPv4 address plus i (the addresses must be on the client)")
 	sourcePort := fs.Int("source-port", 0, "tcp: the local port of every request (with --source-from)")
+	stopFile := fs.String("stop-file", "", "stop before the next request once this file exists (a loop of unknown length: --count is then a bound)")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
 	}
@@ -62,9 +64,16 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageError(fmt.Sprintf("unknown --proto %q", *proto))
 	}
 	sum := wire.Summary{Backends: map[string]int{}}
+	attempts := *count
 	for i := 1; i <= *count; i++ {
 		if ctx.Err() != nil {
 			break
+		}
+		if *stopFile != "" {
+			if _, err := os.Stat(*stopFile); err == nil {
+				attempts = i - 1
+				break
+			}
 		}
 		line, err := once(ctx)
 		if err != nil {
@@ -89,8 +98,8 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := printSummary(stdout, sum); err != nil {
 		return err
 	}
-	if sum.Fail > 0 || sum.OK < *count {
-		return fmt.Errorf("%d of %d requests failed", *count-sum.OK, *count)
+	if sum.Fail > 0 || sum.OK < attempts {
+		return fmt.Errorf("%d of %d requests failed", attempts-sum.OK, attempts)
 	}
 	return nil
 }
