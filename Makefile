@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 CONTROLLER_GEN_VERSION     ?= v0.23.0
 
-.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube vm-deps bench bench-vm bench-kubeproxy clean
+.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube vm-deps bench bench-vm bench-kubeproxy images images-relock clean
 
 all: build
 
@@ -41,12 +41,24 @@ proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./controlplane/cmd/... ./dataplane/cmd/...
 
+## images: OCI images vsplane-controlplane and vsplane-agent without a container engine
+## (scripts/images, go-containerregistry), reproducible: OCI layouts and docker-save tarballs
+## in _out/images/, REF@DIGEST printed (and in _out/images/digests.txt)
+images:
+	cd scripts/images && $(GO) run . -repo $(CURDIR)
+
+## images-relock: pin the agent image's Debian packages to apt's current versions
+## (scripts/images/debian.lock; commit it)
+images-relock:
+	cd scripts/images && $(GO) run . -repo $(CURDIR) -relock
+
 ## lint: buf lint, go vet, and generated code is current
 lint: check-generated
 	$(BIN)/buf lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
+	cd scripts/images && $(GO) vet ./... && $(GO) mod tidy -diff
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
 	$(GO) vet -tags apicostbench ./e2e/apicost
@@ -69,6 +81,7 @@ vm-deps:
 ## detector over the concurrent packages, then fuzzing
 test: tools kube vm-deps lint
 	$(GO) test -count=1 -timeout 45m ./...
+	cd scripts/images && $(GO) test -count=1 ./...
 	$(MAKE) test-race
 	$(MAKE) fuzz
 

@@ -77,6 +77,13 @@ type Options struct {
 	Translate translate.Config
 	// Binaries are extra static host executables put in the guest's /usr/local/bin.
 	Binaries []string
+	// Trees are host directories copied into the guest (vm.Options.Trees),
+	// e.g. an unpacked agent image.
+	Trees []vm.Tree
+	// AgentExec is the guest command that runs the agent, its flags
+	// appended (default "vsplane-agent"): e.g. a shell wrapper that
+	// chroots into an unpacked image (e2e/images).
+	AgentExec string
 	// Replicas > 0 runs that many control-plane replicas as separate host
 	// processes (vsplane-controlplane, built for the test) instead of one
 	// in-process replica, each on its own port the guest reaches through
@@ -251,6 +258,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		GuestFwdPorts: fwd,
 		GoPackages:    append([]string{AgentPackage}, opts.GoPackages...),
 		Binaries:      bins,
+		Trees:         opts.Trees,
 		MemoryMB:      opts.VMMemoryMB,
 		BootTimeout:   opts.VMBootTimeout,
 		Log:           log.Named("vm"),
@@ -442,8 +450,12 @@ func (c *Cluster) AgentCommand(node string) string {
 	// does not).
 	extra := c.opts.AgentArgs
 	c.mu.Unlock()
-	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec vsplane-agent --controlplane %[2]s --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[3]s --metrics-address 127.0.0.1:10249 %[4]s %[5]s",
-		node, c.agentTargets(), c.opts.ReconcilePeriod, agentSecurityArgs(node), extra)
+	agent := c.opts.AgentExec
+	if agent == "" {
+		agent = "vsplane-agent"
+	}
+	return fmt.Sprintf("mkdir -p /run/vsplane/%[1]s && exec %[6]s --controlplane %[2]s --node-name %[1]s --state-dir /run/vsplane/%[1]s --reconcile-period %[3]s --metrics-address 127.0.0.1:10249 %[4]s %[5]s",
+		node, c.agentTargets(), c.opts.ReconcilePeriod, agentSecurityArgs(node), extra, agent)
 }
 
 // SetAgentArgs replaces the extra agent flags (Options.AgentArgs) for

@@ -45,6 +45,9 @@ type Options struct {
 	GoPackages []string
 	// Binaries are extra host files (static executables) put in /usr/local/bin.
 	Binaries []string
+	// Trees are host directories copied into the guest (e.g. an unpacked
+	// container image to chroot into), appended to the initramfs.
+	Trees []Tree
 	// KernelArgs are appended to the kernel command line.
 	KernelArgs []string
 	// BootTimeout bounds the build plus the boot (default 3 minutes).
@@ -165,6 +168,9 @@ func (v *VM) boot(ctx context.Context, kernel, fwd string) error {
 	bins = append(bins, v.opts.Binaries...)
 	initrd := filepath.Join(v.workDir, "initramfs.img")
 	if err := buildInitramfs(ctx, v.opts.RepoRoot, v.opts.CacheDir, initrd, bins); err != nil {
+		return err
+	}
+	if err := appendTrees(initrd, v.opts.Trees); err != nil {
 		return err
 	}
 	v.BuildTime = time.Since(start)
