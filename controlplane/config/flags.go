@@ -2,10 +2,9 @@ package config
 
 import (
 	"flag"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/vsplane/vsplane/internal/configfile"
 )
 
 // overrides is appended to the help of every flag the file can also set.
@@ -24,10 +23,10 @@ func Bind(fs *flag.FlagSet, c *VsplaneConfiguration) {
 	dur(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", "IPVS UDP timeout; 0 leaves the kernel's value")
 	fs.BoolVar(&c.IPVS.StrictARP, "ipvs-strict-arp", c.IPVS.StrictARP, "set arp_ignore=1 and arp_announce=2 on nodes"+overrides)
 	fs.BoolVar(&c.MasqueradeAll, "masquerade-all", c.MasqueradeAll, "SNAT all traffic to Service addresses"+overrides)
-	fs.Var((*int32Value)(&c.MasqueradeBit), "masquerade-bit", "packet-mark bit requesting masquerade, 1..31"+overrides)
-	fs.Var((*listValue)(&c.ClusterCIDRs), "cluster-cidr", "comma-separated pod CIDRs (local-traffic detection)"+overrides)
-	fs.Var((*listValue)(&c.IPVS.ExcludeCIDRs), "ipvs-exclude-cidrs", "comma-separated CIDRs whose virtual servers agents never delete"+overrides)
-	fs.Var((*listValue)(&c.NodePortAddresses), "nodeport-addresses", "comma-separated CIDRs selecting NodePort addresses (empty: all)"+overrides)
+	fs.Var((*configfile.Int32Value)(&c.MasqueradeBit), "masquerade-bit", "packet-mark bit requesting masquerade, 1..31"+overrides)
+	fs.Var((*configfile.ListValue)(&c.ClusterCIDRs), "cluster-cidr", "comma-separated pod CIDRs (local-traffic detection)"+overrides)
+	fs.Var((*configfile.ListValue)(&c.IPVS.ExcludeCIDRs), "ipvs-exclude-cidrs", "comma-separated CIDRs whose virtual servers agents never delete"+overrides)
+	fs.Var((*configfile.ListValue)(&c.NodePortAddresses), "nodeport-addresses", "comma-separated CIDRs selecting NodePort addresses (empty: all)"+overrides)
 	dur(&c.AgentReconcilePeriod.Duration, "agent-reconcile-period", "agents' full-reconcile period; 0 keeps each agent's flag")
 	// Process settings.
 	fs.StringVar(&p.ListenAddress, "listen", p.ListenAddress, "gRPC address (agent stream, inspection, health, reflection)"+overrides)
@@ -50,59 +49,14 @@ func Bind(fs *flag.FlagSet, c *VsplaneConfiguration) {
 // set (flag.Visit: only flags set on the command line), so a flag
 // overrides the file. Flags of set that Bind does not know are ignored.
 func Overlay(dst *VsplaneConfiguration, set *flag.FlagSet) error {
-	bound := flag.NewFlagSet("config", flag.ContinueOnError)
-	Bind(bound, dst)
-	var err error
-	set.Visit(func(f *flag.Flag) {
-		if bound.Lookup(f.Name) == nil || err != nil {
-			return
-		}
-		if e := bound.Set(f.Name, f.Value.String()); e != nil {
-			err = fmt.Errorf("--%s: %w", f.Name, e)
-		}
-	})
-	return err
+	return configfile.Overlay(set, func(fs *flag.FlagSet) { Bind(fs, dst) })
 }
 
 // Explicit returns the names of the flags of set that Bind knows and the
 // command line set, for the log.
 func Explicit(set *flag.FlagSet) []string {
-	bound := flag.NewFlagSet("config", flag.ContinueOnError)
-	c := Defaults()
-	Bind(bound, &c)
-	var out []string
-	set.Visit(func(f *flag.Flag) {
-		if bound.Lookup(f.Name) != nil {
-			out = append(out, f.Name)
-		}
+	return configfile.Explicit(set, func(fs *flag.FlagSet) {
+		c := Defaults()
+		Bind(fs, &c)
 	})
-	return out
-}
-
-// listValue is a comma-separated list flag; String round-trips through Set.
-type listValue []string
-
-func (l *listValue) String() string { return strings.Join(*l, ",") }
-
-func (l *listValue) Set(s string) error {
-	*l = nil
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			*l = append(*l, f)
-		}
-	}
-	return nil
-}
-
-type int32Value int32
-
-func (v *int32Value) String() string { return strconv.Itoa(int(*v)) }
-
-func (v *int32Value) Set(s string) error {
-	n, err := strconv.ParseInt(s, 10, 32)
-	if err != nil {
-		return err
-	}
-	*v = int32Value(n)
-	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vsplane/vsplane/internal/configfile"
 )
 
 // KubeProxyConfiguration is the part of kube-proxy's configuration file
@@ -97,7 +99,7 @@ func kubeProxyUnsupported(j []byte) []string {
 		switch v := v.(type) {
 		case map[string]any:
 			for k, e := range v {
-				walk(e, join(path, k))
+				walk(e, configfile.JoinPath(path, k))
 			}
 			return
 		case []any:

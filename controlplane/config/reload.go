@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vsplane/vsplane/controlplane/translate"
+	"github.com/vsplane/vsplane/internal/configfile"
 )
 
 // DefaultCheckInterval is how often Reloader reads the file.
@@ -210,5 +211,5 @@ func show(v any) string {
 	if d, ok := v.(interface{ String() string }); ok {
 		return fmt.Sprintf("%q", d.String())
 	}
-	return quoteValue(v)
+	return configfile.QuoteValue(v)
 }

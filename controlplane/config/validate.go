@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/internal/configfile"
 )
 
 // maxIPVSTimeout is the kernel's limit for IPVS timeouts (what the agent
@@ -20,10 +21,8 @@ const maxIPVSTimeout = (1<<31 - 1) / 1000 * time.Second
 // Validate checks c and returns every problem found, each naming the field
 // path and its value: `ipvs.scheduler "foo": not a known IPVS scheduler`.
 func (c *VsplaneConfiguration) Validate() error {
-	var errs errorList
-	bad := func(path string, value any, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s %s: %s", path, quoteValue(value), fmt.Sprintf(format, args...)))
-	}
+	var errs configfile.Problems
+	bad := errs.Add
 	if s := c.IPVS.Scheduler; !slices.Contains(model.Schedulers, s) {
 		bad("ipvs.scheduler", s, "not a known IPVS scheduler (one of %s)", strings.Join(model.Schedulers, ", "))
 	}
@@ -98,18 +97,5 @@ func (c *VsplaneConfiguration) Validate() error {
 	if d := p.MaxConnectionAgeGrace.Duration; d < 0 {
 		bad("controlPlane.maxConnectionAgeGrace", d, "must be >= 0")
 	}
-	return errs.err()
-}
-
-// quoteValue renders a value the way the file spells it: strings and
-// durations quoted, numbers bare.
-func quoteValue(v any) string {
-	switch v := v.(type) {
-	case string:
-		return fmt.Sprintf("%q", v)
-	case time.Duration:
-		return fmt.Sprintf("%q", v.String())
-	default:
-		return fmt.Sprint(v)
-	}
+	return errs.Err()
 }
