@@ -261,6 +261,12 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 	if err := e.StartAPIServer(ctx); err != nil {
 		return nil, err
 	}
+	// The apiserver creates Service default/kubernetes shortly after it is
+	// ready. Await it, so no test sees it appear in the middle (a Service
+	// every node then programs).
+	if err := awaitReady(ctx, e.api, e.Host+"/api/v1/namespaces/default/services/kubernetes", e.hc, func([]byte) bool { return true }); err != nil {
+		return nil, err
+	}
 	e.cfg = cfg
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(e.Kubeconfig, kubeconfig(e.Host, p), 0o600); err != nil {
