@@ -3,6 +3,8 @@ package integration_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -12,6 +14,48 @@ import (
 
 	"sigs.k8s.io/yaml"
 )
+
+// cert-manager's CRDs, for the overlays that use components/cert-manager:
+// taken from its Go module (pinned by version and the module's hash), so
+// the apiserver validates the Issuers and Certificates against the real
+// schema.
+const (
+	certManagerModule = "github.com/cert-manager/cert-manager"
+	certManagerVer    = "v1.21.2"
+	certManagerSum    = "h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68="
+)
+
+// certManagerCRDs downloads the pinned cert-manager module (Go's module
+// cache; a few MB) and returns its Issuer and Certificate CRDs.
+func certManagerCRDs(t *testing.T) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", certManagerModule+"@"+certManagerVer)
+	cmd.Dir = t.TempDir() // outside this module: no go.mod to consult or change
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go mod download %s@%s: %v\n%s%s", certManagerModule, certManagerVer, err, out, stderr.String())
+	}
+	var mod struct{ Dir, Sum, Error string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Error != "" {
+		t.Fatalf("go mod download %s@%s: %v %s", certManagerModule, certManagerVer, err, mod.Error)
+	}
+	if mod.Sum != certManagerSum {
+		t.Fatalf("%s@%s has hash %s, pinned %s", certManagerModule, certManagerVer, mod.Sum, certManagerSum)
+	}
+	var docs [][]byte
+	for _, f := range []string{"cert-manager.io_issuers.yaml", "cert-manager.io_certificates.yaml"} {
+		b, err := os.ReadFile(filepath.Join(mod.Dir, "deploy", "crds", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, bytes.TrimPrefix(bytes.TrimSpace(b), []byte("---\n")))
+	}
+	return bytes.Join(docs, []byte("\n---\n"))
+}
 
 // TestDeployOverlaysApply renders every overlay in deploy/overlays with the
 // kubectl built from the pinned Kubernetes modules (kustomize inside it) and
@@ -55,6 +99,12 @@ func TestDeployOverlaysApply(t *testing.T) {
 				if meta.Kind == "Namespace" || meta.Kind == "CustomResourceDefinition" {
 					first = append(first, doc)
 				}
+			}
+			if kinds["Certificate"] > 0 || kinds["Issuer"] > 0 {
+				first = append(first, certManagerCRDs(t))
+			}
+			if filepath.Base(dir) == "production" && (kinds["Certificate"] != 2 || kinds["Issuer"] != 2) {
+				t.Errorf("production renders %d Certificates and %d Issuers, want 2 and 2 (components/cert-manager)", kinds["Certificate"], kinds["Issuer"])
 			}
 			for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
 				"Deployment", "PodDisruptionBudget", "DaemonSet", "Service", "ConfigMap"} {
