@@ -75,6 +75,8 @@ type settings struct {
 	nodeDeleting    bool
 }
 
+func secs(s uint32) time.Duration { return time.Duration(s) * time.Second }
+
 // defaultSettings apply until a node/settings resource arrives.
 func defaultSettings() settings {
 	return settings{defaultScheduler: wire.DefaultScheduler, masqueradeBit: rules.DefaultMasqueradeBit}

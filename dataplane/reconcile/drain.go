@@ -55,6 +55,24 @@ type drainState struct {
 	active, inactive uint32
 }
 
+// drainSet is the real servers kept at weight 0 while they have
+// connections, and the schedule of their checks.
+type drainSet struct {
+	byVS map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState
+	// next is when the next drain check is due (zero: none); errs are the
+	// errors of the last check (for Stats: never only logged).
+	next time.Time
+	errs []string
+	// interval and max are Config.DrainCheckInterval and Config.MaxDrain.
+	interval, max time.Duration
+	// completed and timedOut count the drains that ended (Stats).
+	completed, timedOut uint64
+}
+
+func newDrainSet(interval, max time.Duration) drainSet {
+	return drainSet{byVS: map[kernel.VirtualServerKey]map[kernel.DestinationKey]*drainState{}, interval: interval, max: max}
+}
+
 // gracefulProto reports whether real servers of a virtual server with this
 // protocol are drained rather than deleted (kube-proxy: all but UDP and
 // SCTP; fwmark servers have no protocol and drain).
@@ -66,44 +84,38 @@ func gracefulProto(p kernel.Protocol) bool {
 // virtual server: delete it at once (UDP, SCTP, no connections), or keep
 // it at weight 0 while it has connections, up to MaxDrain.
 func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destination, names []string) {
-	r := p.r
+	drains := p.drains
 	dk := d.Key()
-	ds := r.drains[key][dk]
+	ds := drains.byVS[key][dk]
 	graceful := gracefulProto(key.Protocol)
 	conns := uint64(d.ActiveConn) + uint64(d.InactiveConn)
-	now := r.cfg.Now()
+	now := p.now()
 	switch {
 	case !graceful || conns == 0:
 		if p.deleteDestination(key, dk, names, ds != nil) && ds != nil {
-			r.stats.DrainsCompleted++
-			r.log.Info("drained real server deleted", zap.Stringer("vs", key), zap.Stringer("rs", dk),
+			drains.completed++
+			p.log.Info("drained real server deleted", zap.Stringer("vs", key), zap.Stringer("rs", dk),
 				zap.Duration("after", now.Sub(ds.since)))
 		}
-	case ds != nil && now.Sub(ds.since) >= r.cfg.MaxDrain:
+	case ds != nil && now.Sub(ds.since) >= drains.max:
 		if p.deleteDestination(key, dk, names, true) {
-			r.stats.DrainsTimedOut++
-			r.log.Warn("real server deleted with connections after the maximum drain time", zap.Stringer("vs", key),
-				zap.Stringer("rs", dk), zap.Duration("max_drain", r.cfg.MaxDrain),
+			drains.timedOut++
+			p.log.Warn("real server deleted with connections after the maximum drain time", zap.Stringer("vs", key),
+				zap.Stringer("rs", dk), zap.Duration("max_drain", drains.max),
 				zap.Uint32("active", d.ActiveConn), zap.Uint32("inactive", d.InactiveConn))
 		}
 	default:
 		if d.Weight != 0 {
 			p.count(OpUpdateDestination)
 			d.Weight = 0
-			if err := r.k.IPVS.UpdateDestination(key, d); err != nil {
+			if err := p.k.IPVS.UpdateDestination(key, d); err != nil {
 				p.fail(names, fmt.Sprintf("ipvs drain destination %v -> %v (weight 0)", key, dk), err)
 				return // not draining yet; the retry tries again
 			}
 		}
 		if ds == nil {
-			ds = &drainState{since: now}
-			m := r.drains[key]
-			if m == nil {
-				m = map[kernel.DestinationKey]*drainState{}
-				r.drains[key] = m
-			}
-			m[dk] = ds
-			r.log.Info("draining real server", zap.Stringer("vs", key), zap.Stringer("rs", dk),
+			ds = drains.start(key, dk, now)
+			p.log.Info("draining real server", zap.Stringer("vs", key), zap.Stringer("rs", dk),
 				zap.Uint32("active", d.ActiveConn), zap.Uint32("inactive", d.InactiveConn))
 		}
 		ds.active, ds.inactive = d.ActiveConn, d.InactiveConn
@@ -117,11 +129,11 @@ func (p *pass) deleteDestination(key kernel.VirtualServerKey, dk kernel.Destinat
 	if drain {
 		p.countDrain(OpDeleteDestination)
 	}
-	if err := p.r.k.IPVS.DeleteDestination(key, dk); err != nil && !errors.Is(err, kernel.ErrNotFound) {
+	if err := p.k.IPVS.DeleteDestination(key, dk); err != nil && !errors.Is(err, kernel.ErrNotFound) {
 		p.fail(names, fmt.Sprintf("ipvs delete destination %v -> %v", key, dk), err)
 		return false
 	}
-	p.r.untrack(key, dk)
+	p.drains.stop(key, dk)
 	return true
 }
 
@@ -134,46 +146,64 @@ func (p *pass) countDrain(op string) {
 	p.drainOps[op]++
 }
 
-// untrack forgets the drain of one real server (wanted again or deleted).
-func (r *Reconciler) untrack(key kernel.VirtualServerKey, dk kernel.DestinationKey) {
-	m := r.drains[key]
+// start records that dk of key drains from now on.
+func (s *drainSet) start(key kernel.VirtualServerKey, dk kernel.DestinationKey, now time.Time) *drainState {
+	ds := &drainState{since: now}
+	m := s.byVS[key]
+	if m == nil {
+		m = map[kernel.DestinationKey]*drainState{}
+		s.byVS[key] = m
+	}
+	m[dk] = ds
+	return ds
+}
+
+// stop forgets the drain of one real server (wanted again or deleted).
+func (s *drainSet) stop(key kernel.VirtualServerKey, dk kernel.DestinationKey) {
+	m := s.byVS[key]
 	if m == nil {
 		return
 	}
 	delete(m, dk)
 	if len(m) == 0 {
-		delete(r.drains, key)
+		delete(s.byVS, key)
 	}
 }
 
-// scheduleDrains arms the drain check when something drains and disarms
-// it when nothing does: the next check is one interval after the last (or
-// after the first drain started), or earlier when a drain reaches MaxDrain
-// before that, so the bound holds to the clock, not to the interval. Run
-// is woken to pick up a new deadline. O(draining real servers).
-func (r *Reconciler) scheduleDrains(now time.Time, checked bool) {
-	if len(r.drains) == 0 {
-		r.drainAt = time.Time{}
-		return
+// schedule arms the drain check when something drains and disarms it
+// when nothing does: the next check is one interval after the last
+// (checked) or after the first drain started, or earlier when a drain
+// reaches its maximum before that, so the bound holds to the clock, not to
+// the interval. It reports whether the deadline moved (Run must pick it
+// up); disarming does not count. O(draining real servers).
+func (s *drainSet) schedule(now time.Time, checked bool) bool {
+	if len(s.byVS) == 0 {
+		s.next = time.Time{}
+		return false
 	}
-	next := r.drainAt
+	next := s.next
 	if checked || next.IsZero() {
-		next = now.Add(r.cfg.DrainCheckInterval)
+		next = now.Add(s.interval)
 	}
-	for _, m := range r.drains {
+	for _, m := range s.byVS {
 		for _, ds := range m {
-			if end := ds.since.Add(r.cfg.MaxDrain); end.Before(next) {
+			if end := ds.since.Add(s.max); end.Before(next) {
 				next = end
 			}
 		}
 	}
-	if next.Equal(r.drainAt) {
-		return
+	if next.Equal(s.next) {
+		return false
 	}
-	r.drainAt = next
-	select {
-	case r.wake <- struct{}{}:
-	default:
+	s.next = next
+	return true
+}
+
+// scheduleDrains schedules the next drain check and wakes Run when its
+// deadline moved.
+func (r *Reconciler) scheduleDrains(now time.Time, checked bool) {
+	if r.drains.schedule(now, checked) {
+		r.wakeRun()
 	}
 }
 
@@ -189,36 +219,37 @@ func (r *Reconciler) CheckDrains(ctx context.Context) {
 }
 
 func (r *Reconciler) checkDrains(ctx context.Context) {
-	if len(r.drains) == 0 {
-		r.drainErrs = nil
-		r.drainAt = time.Time{}
+	if len(r.drains.byVS) == 0 {
+		r.drains.errs = nil
+		r.drains.next = time.Time{}
 		return
 	}
 	p := r.newPass(ctx)
-	for _, key := range sortedKeys(r.drains, kernel.VirtualServerKey.Compare) {
-		r.checkVS(p, key)
+	for _, key := range sortedKeys(r.drains.byVS, kernel.VirtualServerKey.Compare) {
+		p.checkDrainsOf(key)
 	}
 	for op, n := range p.ops {
 		r.stats.DrainOps[op] += uint64(n)
 	}
 	// Errors are kept for Stats (never only logged); the next check retries.
-	r.drainErrs = slices.Clone(p.global)
+	r.drains.errs = slices.Clone(p.unowned)
 	for _, name := range sortedKeys(p.errs, strings.Compare) {
 		for _, m := range p.errs[name] {
-			r.drainErrs = append(r.drainErrs, name+": "+m)
+			r.drains.errs = append(r.drains.errs, name+": "+m)
 		}
 	}
-	if len(p.ops) > 0 || len(r.drainErrs) > 0 {
-		r.log.Debug("drain check", zap.Any("ops", p.ops), zap.Strings("errors", r.drainErrs), zap.Int("draining", r.drainCount()))
+	if len(p.ops) > 0 || len(r.drains.errs) > 0 {
+		r.log.Debug("drain check", zap.Any("ops", p.ops), zap.Strings("errors", r.drains.errs), zap.Int("draining", r.drains.count()))
 	}
 	r.scheduleDrains(r.cfg.Now(), true)
 }
 
-func (r *Reconciler) checkVS(p *pass, key kernel.VirtualServerKey) {
-	names := r.store.vsOwners[key]
-	list, err := r.k.IPVS.ListDestinations(key)
+// checkDrainsOf checks the draining real servers of key.
+func (p *pass) checkDrainsOf(key kernel.VirtualServerKey) {
+	names := p.desired.vsOwners[key]
+	list, err := p.k.IPVS.ListDestinations(key)
 	if errors.Is(err, kernel.ErrNotFound) {
-		delete(r.drains, key) // the virtual server and its real servers are gone
+		delete(p.drains.byVS, key) // the virtual server and its real servers are gone
 		return
 	}
 	if err != nil {
@@ -230,27 +261,27 @@ func (r *Reconciler) checkVS(p *pass, key kernel.VirtualServerKey) {
 		have[d.Key()] = d
 	}
 	wanted := map[kernel.DestinationKey]bool{}
-	if want, ok := r.store.wantVS(key); ok {
+	if want, ok := p.desired.wantVS(key); ok {
 		for _, d := range want.dests {
 			wanted[d.Key()] = true
 		}
 	}
-	for _, dk := range sortedKeys(r.drains[key], kernel.DestinationKey.Compare) {
+	for _, dk := range sortedKeys(p.drains.byVS[key], kernel.DestinationKey.Compare) {
 		d, ok := have[dk]
 		switch {
 		case !ok: // deleted by someone else: nothing left to drain
-			r.untrack(key, dk)
+			p.drains.stop(key, dk)
 		case wanted[dk]: // passes restore wanted ones; never delete them here
-			r.untrack(key, dk)
+			p.drains.stop(key, dk)
 		default:
 			p.removeDestination(key, d, names)
 		}
 	}
 }
 
-func (r *Reconciler) drainCount() int {
+func (s *drainSet) count() int {
 	n := 0
-	for _, m := range r.drains {
+	for _, m := range s.byVS {
 		n += len(m)
 	}
 	return n
@@ -261,13 +292,14 @@ func (r *Reconciler) drainCount() int {
 func (r *Reconciler) Draining() []Drain {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.draining()
+	return r.drains.list()
 }
 
-func (r *Reconciler) draining() []Drain {
-	out := make([]Drain, 0, r.drainCount())
-	for _, key := range sortedKeys(r.drains, kernel.VirtualServerKey.Compare) {
-		m := r.drains[key]
+// list returns the draining real servers, sorted.
+func (s *drainSet) list() []Drain {
+	out := make([]Drain, 0, s.count())
+	for _, key := range sortedKeys(s.byVS, kernel.VirtualServerKey.Compare) {
+		m := s.byVS[key]
 		for _, dk := range slices.SortedFunc(maps.Keys(m), kernel.DestinationKey.Compare) {
 			ds := m[dk]
 			out = append(out, Drain{VirtualServer: key, RealServer: dk, Since: ds.since,

@@ -154,7 +154,7 @@ func TestDrainKeepsTCPRealServerWhileConnected(t *testing.T) {
 	if d := cmp.Diff(map[string]uint64{OpDeleteDestination: 1}, s.DrainOps); d != "" {
 		t.Fatalf("DrainOps (-want +got):\n%s", d)
 	}
-	if !r.drainAt.IsZero() || r.drainDue() {
+	if !r.drains.next.IsZero() || r.drainDue() {
 		t.Fatal("drain check still armed with nothing draining")
 	}
 	if w := r.nextWake(); w <= drainEvery {
@@ -217,7 +217,7 @@ func TestUDPRealServerDeletedAtOnce(t *testing.T) {
 	if d := cmp.Diff([]string{"198.19.1.6:5353 w1"}, destsOf(t, mk, vsB)); d != "" {
 		t.Fatalf("destinations (-want +got):\n%s", d)
 	}
-	if n := len(r.Draining()); n != 0 || !r.drainAt.IsZero() {
+	if n := len(r.Draining()); n != 0 || !r.drains.next.IsZero() {
 		t.Fatalf("UDP real server drains (%d) or check armed", n)
 	}
 }
@@ -261,7 +261,7 @@ func TestEndpointReturnsWhileDraining(t *testing.T) {
 	if ds[1].ActiveConn != 1 || ds[1].InactiveConn != 2 {
 		t.Fatalf("connections of the returned real server lost: %+v", ds[1])
 	}
-	if n := len(r.Draining()); n != 0 || !r.drainAt.IsZero() {
+	if n := len(r.Draining()); n != 0 || !r.drains.next.IsZero() {
 		t.Fatalf("returned real server still draining (%d) or check armed", n)
 	}
 	// A later check must not touch it.
@@ -390,7 +390,7 @@ func TestServiceRemovalEndsDrain(t *testing.T) {
 	if got := ops(ack.GetKernelOperations())[OpDeleteService]; got != 1 {
 		t.Fatalf("kernel_operations %v, want one virtual server deleted", ack.GetKernelOperations())
 	}
-	if n := len(r.Draining()); n != 0 || !r.drainAt.IsZero() {
+	if n := len(r.Draining()); n != 0 || !r.drains.next.IsZero() {
 		t.Fatalf("draining %d after the virtual server went", n)
 	}
 }

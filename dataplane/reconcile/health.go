@@ -28,8 +28,8 @@ func (r *Reconciler) HealthChecks() []HealthCheck {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []HealthCheck
-	for name := range r.store.checks {
-		out = append(out, *r.store.res[name].health)
+	for name := range r.desired.checks {
+		out = append(out, *r.desired.res[name].health)
 	}
 	slices.SortFunc(out, func(a, b HealthCheck) int { return strings.Compare(a.Resource, b.Resource) })
 	return out
@@ -43,10 +43,10 @@ func (r *Reconciler) HealthChecks() []HealthCheck {
 func (r *Reconciler) NodePortAddresses() (addrs []netip.Addr, restricted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, f := range slices.Sorted(maps.Keys(r.npAddrs)) {
-		addrs = append(addrs, r.npAddrs[f]...)
+	for _, f := range slices.Sorted(maps.Keys(r.nodePort)) {
+		addrs = append(addrs, r.nodePort[f]...)
 	}
-	return addrs, len(r.store.settings().nodePortCIDRs) > 0
+	return addrs, len(r.desired.settings().nodePortCIDRs) > 0
 }
 
 // NodeDeleting reports the node/settings node_deleting flag: the Node is
@@ -54,5 +54,5 @@ func (r *Reconciler) NodePortAddresses() (addrs []netip.Addr, restricted bool) {
 func (r *Reconciler) NodeDeleting() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.store.settings().nodeDeleting
+	return r.desired.settings().nodeDeleting
 }

@@ -17,40 +17,47 @@ import (
 // resources are NACKed with the reason. Every node decides the same way,
 // and nothing changes while the set has room.
 
+// setAdmission is, per full set, the resources whose entries of it are
+// not programmed.
+type setAdmission struct {
+	refused map[setRef]map[string]bool
+	maxElem uint32 // Config.maxElem: overrides the hash sets' maxelem (tests)
+}
+
 // limit is the maxelem the admission uses for ref (0: no limit, bitmap).
-func (r *Reconciler) limit(ref setRef) int {
+func (a *setAdmission) limit(ref setRef) int {
 	if ref.set.Type() == kernel.BitmapPort {
 		return 0 // a port bitmap holds its whole range
 	}
-	if r.cfg.maxElem != 0 {
-		return int(r.cfg.maxElem)
+	if a.maxElem != 0 {
+		return int(a.maxElem)
 	}
 	return int(ref.spec().MaxElem)
 }
 
-// admit recomputes which resources are refused in the sets of refs (nil:
+// update recomputes which resources are refused in the sets of refs (nil:
 // every set over its limit or with refusals) and returns, per set, the
 // resources whose admission changed.
-func (r *Reconciler) admit(refs map[setRef]bool) map[setRef][]string {
+func (a *setAdmission) update(desired *store, refs map[setRef]bool) map[setRef][]string {
 	if refs == nil {
 		refs = map[setRef]bool{}
-		for ref, n := range r.store.setSize {
-			if l := r.limit(ref); l > 0 && n > l {
+		for ref, n := range desired.setSize {
+			if l := a.limit(ref); l > 0 && n > l {
 				refs[ref] = true
 			}
 		}
 	}
-	for ref := range r.refused {
+	for ref := range a.refused {
 		refs[ref] = true
 	}
 	changed := map[setRef][]string{}
 	for ref := range refs {
-		old := r.refused[ref]
-		cur := r.admitSet(ref)
+		old := a.refused[ref]
+		cur := a.refusedIn(desired, ref)
 		if len(cur) == 0 {
-			delete(r.refused, ref)
+			delete(a.refused, ref)
 		} else {
-			r.refused[ref] = cur
+			a.refused[ref] = cur
 		}
 		for name := range old {
 			if !cur[name] {
@@ -66,15 +73,15 @@ func (r *Reconciler) admit(refs map[setRef]bool) map[setRef][]string {
 	return changed
 }
 
-// admitSet returns the resources refused in ref: none while the wanted
+// refusedIn returns the resources refused in ref: none while the wanted
 // entries fit; otherwise first fit in name order, whole resources.
-func (r *Reconciler) admitSet(ref setRef) map[string]bool {
-	l := r.limit(ref)
-	if l == 0 || r.store.setSize[ref] <= l {
+func (a *setAdmission) refusedIn(desired *store, ref setRef) map[string]bool {
+	l := a.limit(ref)
+	if l == 0 || desired.setSize[ref] <= l {
 		return nil
 	}
 	byName := map[string][]kernel.Entry{}
-	for ek, owners := range r.store.entryRefs {
+	for ek, owners := range desired.entryRefs {
 		if ek.set == ref {
 			for _, o := range owners {
 				byName[o] = append(byName[o], ek.entry)
@@ -101,11 +108,12 @@ func (r *Reconciler) admitSet(ref setRef) map[string]bool {
 	return refused
 }
 
-// touchRefusals touches the entries of resources whose admission changed.
-func (r *Reconciler) touchRefusals(t *touched, changed map[setRef][]string) (names []string) {
+// touchAdmissionChanges touches the entries of resources whose admission
+// changed (update's result) and returns those resources.
+func (t *touched) touchAdmissionChanges(desired *store, changed map[setRef][]string) (names []string) {
 	for ref, list := range changed {
 		for _, name := range list {
-			rs := r.store.res[name]
+			rs := desired.res[name]
 			if rs == nil {
 				continue
 			}
@@ -120,11 +128,11 @@ func (r *Reconciler) touchRefusals(t *touched, changed map[setRef][]string) (nam
 	return names
 }
 
-// refusals are the capacity problems of resource name.
-func (r *Reconciler) refusals(rs *resourceState) []string {
+// problems are the capacity problems of rs.
+func (a *setAdmission) problems(desired *store, rs *resourceState) []string {
 	var out []string
-	for _, ref := range sortedKeys(r.refused, func(a, b setRef) int { return compareEntryKeys(entryKey{set: a}, entryKey{set: b}) }) {
-		if !r.refused[ref][rs.name] {
+	for _, ref := range sortedKeys(a.refused, func(a, b setRef) int { return compareEntryKeys(entryKey{set: a}, entryKey{set: b}) }) {
+		if !a.refused[ref][rs.name] {
 			continue
 		}
 		n := 0
@@ -134,14 +142,14 @@ func (r *Reconciler) refusals(rs *resourceState) []string {
 			}
 		}
 		out = append(out, fmt.Sprintf("ipset %s is full: maxelem %d, %d distinct entries wanted by all Services; the %d entries of this Service are not programmed (resources are admitted whole, in name order)",
-			ref.name(), r.limit(ref), r.store.setSize[ref], n))
+			ref.name(), a.limit(ref), desired.setSize[ref], n))
 	}
 	return out
 }
 
-// entryAdmitted: some owner of ek is admitted in its set.
-func (r *Reconciler) entryAdmitted(ek entryKey, owners []string) bool {
-	refused := r.refused[ek.set]
+// admitted: some owner of ek is admitted in its set.
+func (a *setAdmission) admitted(ek entryKey, owners []string) bool {
+	refused := a.refused[ek.set]
 	if len(refused) == 0 {
 		return len(owners) > 0
 	}

@@ -154,25 +154,25 @@ func (rs *resourceState) expand(addrs nodePortAddrs) *resourceState {
 // resource with markers. It returns the re-expanded resources (old and new
 // state) for the caller to touch; nothing when the addresses are unchanged.
 func (r *Reconciler) refreshNodePort(p *pass) (names []string, olds []*resourceState) {
-	if len(r.store.templated) == 0 && len(r.store.checks) == 0 {
+	if len(r.desired.templated) == 0 && len(r.desired.checks) == 0 {
 		return nil, nil
 	}
 	list, err := r.k.Links.LocalAddresses()
 	if err != nil {
 		// Keep the previous expansion (fail-static); retried.
-		p.fail(slices.Sorted(maps.Keys(r.store.templated)), "list local addresses for NodePort", err)
+		p.fail(slices.Sorted(maps.Keys(r.desired.templated)), "list local addresses for NodePort", err)
 		return nil, nil
 	}
 	p.setLocal(list)
 	addrs := selectNodePortAddrs(list, p.s.nodePortCIDRs, r.families)
-	if addrs.equal(r.npAddrs) {
+	if addrs.equal(r.nodePort) {
 		return nil, nil
 	}
 	r.log.Info("NodePort addresses changed; re-expanding NodePort services", zap.String("addresses", formatAddrs(addrs)))
-	r.npAddrs = addrs
-	for _, name := range slices.Sorted(maps.Keys(r.store.templated)) {
-		old := r.store.res[name]
-		r.store.put(name, old.expand(addrs))
+	r.nodePort = addrs
+	for _, name := range slices.Sorted(maps.Keys(r.desired.templated)) {
+		old := r.desired.res[name]
+		r.desired.put(name, old.expand(addrs))
 		names = append(names, name)
 		olds = append(olds, old)
 	}

@@ -52,7 +52,7 @@ func (r *Reconciler) readKernel(ctx context.Context) *kernelRead {
 			out.bound[a.Unmap()] = true
 		}
 	}
-	for _, ref := range r.managedSets() {
+	for _, ref := range r.families.managedSets() {
 		if list, err := r.k.IPSets.ListEntries(ref.name()); err == nil {
 			out.entries[ref.name()] = list
 		}
@@ -62,14 +62,14 @@ func (r *Reconciler) readKernel(ctx context.Context) *kernelRead {
 
 // use hands the pass what is still current of the read: everything the
 // writes since the read began (w) did not touch. Called under r.mu after
-// r.forget(), before anything of the pass reads the kernel.
-func (read *kernelRead) use(p *pass, w touchedWrites) {
+// known.invalidate(), before anything of the pass reads the kernel.
+func (read *kernelRead) use(p *pass, w writesDuringRead) {
 	if read == nil {
 		return
 	}
-	rec := &p.r.rec
+	known := p.known
 	if read.bound != nil && !w.addresses {
-		rec.bound, rec.dummyGone = read.bound, false
+		known.bound, known.dummyGone = read.bound, false
 	}
 	for name, list := range read.entries {
 		if w.sets[name] {
@@ -80,7 +80,7 @@ func (read *kernelRead) use(p *pass, w touchedWrites) {
 			e.Comment = ""
 			m[e.Normalize()] = true
 		}
-		rec.setEntries[name] = m
+		known.setEntries[name] = m
 	}
 	if read.vs == nil {
 		return
@@ -89,7 +89,7 @@ func (read *kernelRead) use(p *pass, w touchedWrites) {
 	for key := range w.vs {
 		delete(read.vs, key)
 		delete(read.dests, key)
-		cur, err := p.r.k.IPVS.GetVirtualServer(key)
+		cur, err := p.k.IPVS.GetVirtualServer(key)
 		switch {
 		case err == nil:
 			read.vs[key] = cur
@@ -100,8 +100,8 @@ func (read *kernelRead) use(p *pass, w touchedWrites) {
 	p.listed, p.listedDests = read.vs, read.dests
 }
 
-// touchedWrites are the kernel objects written to while a read was taken.
-type touchedWrites struct {
+// writesDuringRead are the kernel objects written to while a read was taken.
+type writesDuringRead struct {
 	vs        map[kernel.VirtualServerKey]bool
 	sets      map[string]bool
 	addresses bool // any change to kube-ipvs0 or its addresses
@@ -113,26 +113,26 @@ type touchedWrites struct {
 type writeTracker struct {
 	mu sync.Mutex
 	on bool
-	w  touchedWrites
+	w  writesDuringRead
 }
 
 func (t *writeTracker) start() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.on = true
-	t.w = touchedWrites{vs: map[kernel.VirtualServerKey]bool{}, sets: map[string]bool{}}
+	t.w = writesDuringRead{vs: map[kernel.VirtualServerKey]bool{}, sets: map[string]bool{}}
 }
 
-func (t *writeTracker) stop() touchedWrites {
+func (t *writeTracker) stop() writesDuringRead {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.on = false
 	w := t.w
-	t.w = touchedWrites{}
+	t.w = writesDuringRead{}
 	return w
 }
 
-func (t *writeTracker) record(f func(w *touchedWrites)) {
+func (t *writeTracker) record(f func(w *writesDuringRead)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.on {
@@ -141,7 +141,7 @@ func (t *writeTracker) record(f func(w *touchedWrites)) {
 }
 
 func (t *writeTracker) vs(keys ...kernel.VirtualServerKey) {
-	t.record(func(w *touchedWrites) {
+	t.record(func(w *writesDuringRead) {
 		for _, k := range keys {
 			w.vs[k] = true
 		}
@@ -149,14 +149,14 @@ func (t *writeTracker) vs(keys ...kernel.VirtualServerKey) {
 }
 
 func (t *writeTracker) sets(names ...string) {
-	t.record(func(w *touchedWrites) {
+	t.record(func(w *writesDuringRead) {
 		for _, n := range names {
 			w.sets[n] = true
 		}
 	})
 }
 
-func (t *writeTracker) addresses() { t.record(func(w *touchedWrites) { w.addresses = true }) }
+func (t *writeTracker) addresses() { t.record(func(w *writesDuringRead) { w.addresses = true }) }
 
 // wrap returns k with IPVS, IPSets and Links writes recorded by t.
 func (t *writeTracker) wrap(k kernel.Kernel) kernel.Kernel {

@@ -11,9 +11,9 @@ import (
 // netlink round trip per write made bursts slow: IPVS servers and
 // destinations (kernel.IPVS.Apply), kube-ipvs0 binds and unbinds
 // (Links.ApplyAddresses) and ipset entries (IPSets.ApplyEntries). Each
-// write carries a callback that receives its outcome: it updates the
-// record of what the kernel holds only on success and blames a failure on
-// the resources owning the item, exactly as the single call did.
+// write carries a callback that receives its outcome: it updates what the
+// kernel is known to hold (known.go) only on success and blames a failure
+// on the resources owning the item, exactly as the single call did.
 //
 // Order within a pass: IPVS writes, flushed at the end of the IPVS phase;
 // then binds/unbinds, whose callbacks queue the KUBE-IPVS-IPS entry of the
@@ -85,7 +85,7 @@ func (p *pass) queueIPVS(op kernel.IPVSOp, done func(error)) {
 // phase that queues flushes before anything reads what it wrote.
 func (p *pass) flushIPVS() {
 	p.ipvsq.flush(func(ops []kernel.IPVSOp) []error {
-		errs := p.r.k.IPVS.Apply(ops)
+		errs := p.k.IPVS.Apply(ops)
 		// Servers whose add failed: their destinations' ErrNotFound says
 		// nothing new (destDone). Known before any callback runs.
 		p.addFailed = map[kernel.VirtualServerKey]bool{}
@@ -128,12 +128,12 @@ func (p *pass) queueEntry(op kernel.EntryOp, done func(error)) {
 
 func (p *pass) flushAddrs() {
 	p.addrq.flush(func(ops []kernel.AddressOp) []error {
-		return p.r.k.Links.ApplyAddresses(kernel.DummyDevice, ops)
+		return p.k.Links.ApplyAddresses(kernel.DummyDevice, ops)
 	}, func(op kernel.AddressOp) string { return fmt.Sprintf("%v %v", op.Kind, op.Addr) })
 }
 
 func (p *pass) flushEntries() {
-	p.entryq.flush(p.r.k.IPSets.ApplyEntries, func(op kernel.EntryOp) string {
+	p.entryq.flush(p.k.IPSets.ApplyEntries, func(op kernel.EntryOp) string {
 		return fmt.Sprintf("ipset %v %s", op.Kind, op.Set.Name)
 	})
 }

@@ -447,7 +447,7 @@ func TestBadResourceIsNackedOthersApplied(t *testing.T) {
 		t.Error("good service not applied")
 	}
 	// Content errors are not retried.
-	if !r.retryAt.IsZero() {
+	if !r.retry.at.IsZero() {
 		t.Error("retry scheduled for a content error")
 	}
 }
@@ -499,7 +499,7 @@ func TestFailedRemovalIsReportedAndRetried(t *testing.T) {
 	if len(ack.GetErrors()) != 1 || ack.GetErrors()[0].GetName() != "service/default/b" {
 		t.Fatalf("errors = %v", ack.GetErrors())
 	}
-	if len(r.Stats().KernelErrors) == 0 || r.retryAt.IsZero() {
+	if len(r.Stats().KernelErrors) == 0 || r.retry.at.IsZero() {
 		t.Fatal("failed removal not scheduled for retry")
 	}
 	mk.SetFault(nil)

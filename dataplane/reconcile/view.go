@@ -37,24 +37,24 @@ type DesiredAddress struct {
 func (r *Reconciler) Desired() ([]DesiredVirtualServer, []DesiredAddress) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	sched := r.store.settings().defaultScheduler
+	sched := r.desired.settings().defaultScheduler
 	var vss []DesiredVirtualServer
-	for _, key := range sortedKeys(r.store.vsOwners, kernel.VirtualServerKey.Compare) {
-		d, ok := r.store.wantVS(key)
+	for _, key := range sortedKeys(r.desired.vsOwners, kernel.VirtualServerKey.Compare) {
+		d, ok := r.desired.wantVS(key)
 		if !ok {
 			continue
 		}
 		vss = append(vss, DesiredVirtualServer{
 			VirtualServer: d.kernelVS(sched),
 			Destinations:  slices.Clone(d.dests),
-			Resources:     slices.Clone(r.store.vsOwners[key]),
+			Resources:     slices.Clone(r.desired.vsOwners[key]),
 			NodePort:      d.nodePort,
 			Reject:        d.reject,
 		})
 	}
 	var addrs []DesiredAddress
-	for _, a := range sortedKeys(r.store.addrVS, netip.Addr.Compare) {
-		always, unlessLocal := r.store.bindings(a)
+	for _, a := range sortedKeys(r.desired.addrVS, netip.Addr.Compare) {
+		always, unlessLocal := r.desired.bindings(a)
 		switch {
 		case always:
 			addrs = append(addrs, DesiredAddress{Address: a})

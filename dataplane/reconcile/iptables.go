@@ -1,0 +1,127 @@
+package reconcile
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/dataplane/rules"
+)
+
+// iptables. The rules depend on every resource at once, so there is one
+// object per family: the rendering of rules.Render.
+//
+//   - Update (syncIPTables): when the rendering differs from the one last
+//     applied (known.rules), or when verify is set (first Apply, full
+//     reconcile), iptables-save is compared with it and one
+//     iptables-restore --noflush writes our chains and any missing jump.
+//     The payload passes rules.CheckPayload first (only our chains and the
+//     fixed jumps).
+//   - Delete / Prune: our chains are rewritten whole by each restore;
+//     nothing else is touched.
+//   - Status: a failure is blamed on the changed resources of an Apply
+//     (none in a full reconcile: an error no resource owns) and leaves
+//     known.rules unset, so the next pass compares again.
+
+const sysctlConntrackTCPLiberal = "net/netfilter/nf_conntrack_tcp_be_liberal"
+
+// rulesInput is what the renderer needs of the desired state for fam.
+func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
+	s := p.s
+	in := rules.Input{
+		Family:              fam,
+		MasqueradeAll:       s.masqueradeAll,
+		MasqueradeBit:       s.masqueradeBit,
+		RandomFully:         p.k.IPTables.Info().RandomFully,
+		ConntrackTCPLiberal: liberal,
+	}
+	for _, c := range s.clusterCIDRs {
+		if kernel.FamilyOf(c.Addr()) == fam {
+			in.ClusterCIDR = c
+			break
+		}
+	}
+	for ref := range p.desired.setRefs {
+		if ref.family == fam {
+			in.NonEmpty = in.NonEmpty.With(ref.set)
+		}
+	}
+	// Only the resources with loadBalancerSourceRanges are read (the
+	// SOURCE-IP entries that matter sit beside their FW entries).
+	var fw, sourceIP []kernel.Entry
+	for name := range p.desired.firewalled {
+		for _, ek := range p.desired.res[name].entries {
+			switch {
+			case ek.set.family != fam, !p.admission.admitted(ek, p.desired.entryRefs[ek]):
+			case ek.set.set == rules.SetLoadBalancerFW:
+				fw = append(fw, ek.entry)
+			case ek.set.set == rules.SetLoadBalancerSourceIP:
+				sourceIP = append(sourceIP, ek.entry)
+			}
+		}
+	}
+	in.LoadBalancerNoNodeAccess = rules.NoNodeAccess(fw, sourceIP)
+	return in
+}
+
+// syncIPTables renders the rules of each family and, when the rendering
+// changed since the last successful apply (or verify is set, or nothing
+// was applied yet in this process), compares them with iptables-save and
+// applies one iptables-restore --noflush if anything differs. Errors are
+// blamed on names (nil: no resource).
+func (p *pass) syncIPTables(verify bool, names []string) {
+	liberal := false
+	if v, err := p.k.Sysctl.Get(sysctlConntrackTCPLiberal); err == nil {
+		liberal = v != 0
+	}
+	for _, fam := range p.families {
+		rendered, err := rules.Render(p.rulesInput(fam, liberal))
+		if err != nil {
+			p.fail(names, "render iptables rules", err)
+			continue
+		}
+		full := rendered.Payload(rendered.Jumps)
+		if !verify && bytes.Equal(full, p.known.rules[fam]) {
+			continue
+		}
+		delete(p.known.rules, fam)
+		dumps, err := p.saveTables(fam, rendered.TableNames())
+		if err != nil {
+			p.fail(names, fmt.Sprintf("iptables-save (%v)", fam), err)
+			continue
+		}
+		missing, differ := rendered.Check(dumps)
+		if differ || len(missing) > 0 {
+			payload := rendered.Payload(missing)
+			// Last line of defence: only our chains and the fixed jumps.
+			if err := rules.CheckPayload(payload); err != nil {
+				p.fail(names, fmt.Sprintf("iptables payload (%v) refused", fam), err)
+				continue
+			}
+			p.count(OpRestore)
+			if err := p.k.IPTables.Restore(p.ctx, fam, payload); err != nil {
+				p.fail(names, fmt.Sprintf("iptables-restore (%v)", fam), err)
+				continue
+			}
+		}
+		p.known.rules[fam] = full
+	}
+}
+
+// saveTables reads the tables of fam with iptables-save; it stops at the
+// first error.
+func (p *pass) saveTables(fam kernel.Family, tables []kernel.Table) ([]kernel.TableDump, error) {
+	var dumps []kernel.TableDump
+	for _, t := range tables {
+		b, err := p.k.IPTables.Save(p.ctx, fam, t)
+		if err != nil {
+			return nil, err
+		}
+		d, err := kernel.ParseSave(b)
+		if err != nil {
+			return nil, err
+		}
+		dumps = append(dumps, d...)
+	}
+	return dumps, nil
+}

@@ -1,0 +1,182 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// IPVS virtual servers and their real servers (destinations).
+//
+//   - Update (syncVS, wanted key): the virtual server the winning resource
+//     asks for (store.wantVS), with the node's default scheduler, is added
+//     when absent and updated when it differs; then its real servers:
+//     missing ones are added, ones whose weight or forwarding differs are
+//     updated (never deleted and re-added), unwanted ones are removed
+//     (removeDestination, drain.go: kept at weight 0 while they drain).
+//   - Delete (syncVS, key nobody wants): deleted with its real servers,
+//     draining or not, unless its address is excluded; absent is fine.
+//   - Prune (full pass, virtualServersToCompare): besides the wanted keys,
+//     those this process programmed and those on addresses bound to
+//     kube-ipvs0 (not excluded), so Services deleted while the agent was
+//     down go too. Others are left alone.
+//   - Status: a failure is blamed on the key's owners and the changed
+//     resources that touched it; known.programmed records the keys this
+//     process owns. A destination write that failed only because its
+//     server's add failed in the same batch is not reported twice.
+//
+// Writes are queued (queue.go): a server before its destinations.
+
+// listThreshold: an incremental pass touching at least this many virtual
+// servers (and a quarter of those programmed) lists the table once
+// instead of reading each server.
+const listThreshold = 64
+
+// listVirtualServers reads the whole IPVS table into p.listed (which
+// syncVS then uses instead of one get per key) and returns it; on error it
+// records the failure and leaves p.listed nil (syncVS reads per key).
+func (p *pass) listVirtualServers() map[kernel.VirtualServerKey]kernel.VirtualServer {
+	list, err := p.k.IPVS.ListVirtualServers()
+	if err != nil {
+		p.fail(nil, "list ipvs services", err)
+		return nil
+	}
+	p.listed = make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(list))
+	for _, vs := range list {
+		p.listed[vs.Key] = vs
+	}
+	return p.listed
+}
+
+// virtualServersToCompare are the keys a full pass syncs: wanted,
+// programmed by this process, or on a bound, not excluded address.
+func (p *pass) virtualServersToCompare() map[kernel.VirtualServerKey][]string {
+	keys := map[kernel.VirtualServerKey][]string{}
+	for key := range p.desired.vsOwners {
+		keys[key] = nil
+	}
+	for key := range p.known.programmed {
+		keys[key] = nil
+	}
+	listed := p.listed
+	if listed == nil {
+		listed = p.listVirtualServers()
+	}
+	for key := range listed {
+		if key.FWMark == 0 && p.known.bound[key.Address] && !p.excluded(key.Address) {
+			keys[key] = nil
+		}
+	}
+	return keys
+}
+
+// syncVS makes the virtual server key and its real servers match the
+// desired state; touchers are the changed resources that touched it.
+func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
+	names := ownersToBlame(p.desired.vsOwners[key], touchers)
+	want, ok := p.desired.wantVS(key)
+	var cur kernel.VirtualServer
+	var err error
+	if p.listed != nil {
+		var ok bool
+		if cur, ok = p.listed[key]; !ok {
+			err = kernel.ErrNotFound
+		}
+	} else {
+		cur, err = p.k.IPVS.GetVirtualServer(key)
+	}
+	exists := err == nil
+	if err != nil && !errors.Is(err, kernel.ErrNotFound) {
+		p.fail(names, "ipvs get "+key.String(), err)
+		return
+	}
+	if !ok {
+		// Like kube-proxy, a virtual server nobody wants is deleted with its
+		// real servers, draining or not: their connections go with it.
+		notOurs := func() {
+			delete(p.known.programmed, key)
+			delete(p.drains.byVS, key) // deleted, or excluded and so not ours
+		}
+		if !exists || p.excluded(key.Address) {
+			notOurs()
+			return
+		}
+		p.count(OpDeleteService)
+		p.queueIPVS(kernel.IPVSOp{Kind: kernel.DeleteVirtualServer, Server: kernel.VirtualServer{Key: key}}, func(err error) {
+			if err != nil && !errors.Is(err, kernel.ErrNotFound) {
+				p.fail(names, "ipvs delete "+key.String(), err)
+				return
+			}
+			notOurs()
+		})
+		return
+	}
+	p.known.programmed[key] = struct{}{}
+	vs := want.kernelVS(p.s.defaultScheduler)
+	// The server's write goes first in the queue and the kernel applies a
+	// batch in order, so its destinations below find it.
+	switch {
+	case !exists:
+		p.count(OpAddService)
+		p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: vs}, func(err error) {
+			if err != nil {
+				p.fail(names, "ipvs add "+key.String(), err)
+			}
+		})
+	case cur != vs:
+		p.count(OpUpdateService)
+		p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateVirtualServer, Server: vs}, func(err error) {
+			if err != nil {
+				p.fail(names, "ipvs update "+key.String(), err)
+			}
+		})
+	}
+	p.syncDests(key, want.dests, exists, names)
+}
+
+// syncDests makes the real servers of key match want (exists: the server
+// was in the kernel, so it has real servers to list).
+func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination, exists bool, names []string) {
+	have := map[kernel.DestinationKey]kernel.Destination{}
+	if exists {
+		list, ok := p.listedDests[key]
+		if !ok {
+			var err error
+			if list, err = p.k.IPVS.ListDestinations(key); err != nil {
+				p.fail(names, "ipvs list destinations "+key.String(), err)
+				return
+			}
+		}
+		for _, d := range list {
+			have[d.Key()] = d
+		}
+	}
+	for _, d := range want {
+		cur, ok := have[d.Key()]
+		delete(have, d.Key())
+		// Wanted again while draining: the weight update below restores it
+		// (no delete/re-add, its connections stay).
+		p.drains.stop(key, d.Key())
+		server := kernel.VirtualServer{Key: key}
+		switch {
+		case !ok:
+			p.count(OpAddDestination)
+			p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddDestination, Server: server, Destination: d},
+				p.destDone(key, fmt.Sprintf("ipvs add destination %v -> %v", key, d.Key()), names))
+		case cur.Weight != d.Weight || cur.Forward != d.Forward:
+			p.count(OpUpdateDestination)
+			p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: server, Destination: d},
+				p.destDone(key, fmt.Sprintf("ipvs update destination %v -> %v", key, d.Key()), names))
+		}
+	}
+	stale := make([]kernel.Destination, 0, len(have))
+	for _, d := range have {
+		stale = append(stale, d)
+	}
+	slices.SortFunc(stale, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+	for _, d := range stale {
+		p.removeDestination(key, d, names)
+	}
+}
