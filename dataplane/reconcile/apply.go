@@ -101,8 +101,23 @@ func (r *Reconciler) storeDelta(delta *vsplanev1.Delta, defaultScheduler string)
 	c := &deltaChanges{named: map[string]bool{}, touched: newTouched()}
 	r.schedulers.load(r.k.IPVS, r.log)
 	comp := &compiler{families: r.families, schedulers: r.schedulers.names, defaultScheduler: defaultScheduler}
+	// A name given twice is ambiguous: neither is applied, and what was
+	// applied before stays (a ReplaceAll Delta does not remove it either).
+	times := map[string]int{}
+	for _, res := range delta.GetResources() {
+		times[res.GetName()]++
+	}
+	keep := map[string]bool{}
 	for _, res := range delta.GetResources() {
 		name := res.GetName()
+		if n := times[name]; n > 1 {
+			if !keep[name] {
+				keep[name] = true
+				c.refused = append(c.refused, &vsplanev1.ResourceError{Name: name, Version: res.GetVersion(),
+					Message: fmt.Sprintf("named %d times in one Delta: none applied, what was applied before stays", n)})
+			}
+			continue
+		}
 		if err := checkIdentity(res); err != nil {
 			// Refused whole: nothing stored, nothing applied.
 			c.refused = append(c.refused, &vsplanev1.ResourceError{Name: name, Version: res.GetVersion(), Message: err.Error()})
@@ -117,7 +132,7 @@ func (r *Reconciler) storeDelta(delta *vsplanev1.Delta, defaultScheduler string)
 	c.removed = slices.Clone(delta.GetRemoved())
 	if delta.GetReplaceAll() {
 		for name := range r.desired.res {
-			if !c.named[name] {
+			if !c.named[name] && !keep[name] {
 				c.removed = append(c.removed, name)
 			}
 		}

@@ -202,6 +202,7 @@ func FuzzApply(f *testing.F) {
 		if ack := r.Apply(ctx, full(settingsRes(defaultNodeSettings()), svcA.resource(), svcB.resource())); len(ack.GetErrors()) > 0 {
 			t.Fatalf("baseline: %v", ack.GetErrors())
 		}
+		before := r.Versions()
 		ack := r.Apply(ctx, &delta)
 		if ack.GetNonce() != delta.GetNonce() || (ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK) != (len(ack.GetErrors()) > 0) {
 			t.Fatalf("ack %v", ack)
@@ -214,8 +215,10 @@ func FuzzApply(f *testing.F) {
 			errs[e.GetName()] += e.GetMessage()
 		}
 		last := map[string]*vsplanev1.Resource{}
+		times := map[string]int{}
 		for _, res := range delta.GetResources() {
 			last[res.GetName()] = res
+			times[res.GetName()]++
 		}
 		versions := r.Versions()
 		for name, res := range last {
@@ -224,6 +227,11 @@ func FuzzApply(f *testing.F) {
 			}
 			v, applied := versions[name]
 			switch {
+			case times[name] > 1:
+				// Named twice: refused, what was applied before stays.
+				if errs[name] == "" || v != before[name] {
+					t.Fatalf("%q named %d times: applied %q (before %q), error %q", name, times[name], v, before[name], errs[name])
+				}
 			case checkIdentity(res) != nil && ((applied && v == res.GetVersion()) || errs[name] == ""):
 				// Refused whole: what was applied before stays.
 				t.Fatalf("bad identity %q: applied %v, error %q", name, applied, errs[name])

@@ -469,3 +469,28 @@ func TestProblemsCapped(t *testing.T) {
 		t.Errorf("capMessages: %d, last %q", len(msgs), msgs[len(msgs)-1])
 	}
 }
+
+// TestDeltaNamingAResourceTwice: a Delta that names a resource twice is
+// ambiguous; neither is applied, the Ack names it, and what was applied
+// before stays, even in a ReplaceAll Delta (found by FuzzApply).
+func TestDeltaNamingAResourceTwice(t *testing.T) {
+	mk := memory.New()
+	r := newReconciler(t, mk, Config{})
+	a := tcp("a", "198.18.0.10", 80, be("198.19.1.2", 8080))
+	b := tcp("b", "198.18.0.11", 80, be("198.19.1.3", 8080))
+	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), a.resource(), b.resource())))
+	want := readState(t, mk)
+	oldA := r.Versions()["service/default/a"]
+
+	a1 := tcp("a", "198.18.0.10", 80, be("198.19.1.7", 8080))
+	a2 := tcp("a", "198.18.0.10", 80, be("198.19.1.8", 8080))
+	ack := apply(t, r, full(settingsRes(defaultNodeSettings()), a1.resource(), b.resource(), a2.resource()))
+	if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK || len(ack.GetErrors()) != 1 ||
+		ack.GetErrors()[0].GetName() != "service/default/a" || !strings.Contains(ack.GetErrors()[0].GetMessage(), "named 2 times in one Delta") {
+		t.Fatalf("ack %v", ack)
+	}
+	if got := r.Versions()["service/default/a"]; got != oldA {
+		t.Errorf("service/default/a applied as %q, want the earlier %q", got, oldA)
+	}
+	wantState(t, mk, want)
+}
