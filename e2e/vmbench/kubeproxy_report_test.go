@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vsplane/vsplane/controlplane/stream"
@@ -222,20 +223,7 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 	for k := range changes {
 		i, j := (k*7919)%r.Services, k%kpEndpoints
 		name, ip := kpName(i), kpChangeIP(k)
-		svc, err := c.Kube.CoreV1().Services(kpNamespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		es, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Get(ctx, name+"-1", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		es.Endpoints[j].Addresses = []string{ip}
-		var targets []wire.ProbeTarget
-		for _, p := range kpPorts {
-			targets = append(targets, wire.ProbeTarget{VS: net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(p.Port)),
-				RS: net.JoinHostPort(ip, fmt.Sprint(kpTargetPort))})
-		}
+		es, targets := kpChange(t, ctx, c, name, j, ip)
 		for len(acks) > 0 {
 			<-acks
 		}
@@ -347,20 +335,7 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 		// Services and addresses the simultaneous changes do not use.
 		i, j := (k*7919+r.Services/2)%r.Services, k%kpEndpoints
 		name, ip := kpName(i), kpChangeIP(changes+k)
-		svc, err := c.Kube.CoreV1().Services(kpNamespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		es, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Get(ctx, name+"-1", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		es.Endpoints[j].Addresses = []string{ip}
-		var targets []wire.ProbeTarget
-		for _, p := range kpPorts {
-			targets = append(targets, wire.ProbeTarget{VS: net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(p.Port)),
-				RS: net.JoinHostPort(ip, fmt.Sprint(kpTargetPort))})
-		}
+		es, targets := kpChange(t, ctx, c, name, j, ip)
 		for len(acks) > 0 {
 			<-acks
 		}
@@ -409,6 +384,28 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 	}
 	a.ChangeMedianMS, a.ChangeP90MS = msOf(Quantile(lat, 0.5)), msOf(Quantile(lat, 0.9))
 	a.AckMedianMS, a.ApplyMedianMS = msOf(Quantile(ackLat, 0.5)), msOf(Quantile(apply, 0.5))
+}
+
+// kpChange reads Service name and its slice, replaces endpoint j's address
+// with ip in the slice (not yet written) and returns it with the probe
+// targets that show the change: ip in each of the Service's ports.
+func kpChange(t *testing.T, ctx context.Context, c *cluster.Cluster, name string, j int, ip string) (*discoveryv1.EndpointSlice, []wire.ProbeTarget) {
+	t.Helper()
+	svc, err := c.Kube.CoreV1().Services(kpNamespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := c.Kube.DiscoveryV1().EndpointSlices(kpNamespace).Get(ctx, name+"-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es.Endpoints[j].Addresses = []string{ip}
+	var targets []wire.ProbeTarget
+	for _, p := range kpPorts {
+		targets = append(targets, wire.ProbeTarget{VS: net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(p.Port)),
+			RS: net.JoinHostPort(ip, fmt.Sprint(kpTargetPort))})
+	}
+	return es, targets
 }
 
 // awaitEvent returns probe request id's next event (of kind, if set).
