@@ -202,13 +202,12 @@ func (v trackedIPVS) DeleteDestination(key kernel.VirtualServerKey, d kernel.Des
 }
 
 func (v trackedIPVS) Apply(ops []kernel.IPVSOp) []error {
-	defer func() {
-		keys := make([]kernel.VirtualServerKey, len(ops))
-		for i, op := range ops {
-			keys[i] = op.Server.Key
+	// Walk ops only while a read is under way: a batch is the hot path.
+	defer v.t.record(func(w *writesDuringRead) {
+		for _, op := range ops {
+			w.vs[op.Server.Key] = true
 		}
-		v.t.vs(keys...)
-	}()
+	})
 	return v.IPVS.Apply(ops)
 }
 
@@ -243,13 +242,11 @@ func (s trackedIPSets) DelEntry(set kernel.IPSet, e kernel.Entry) error {
 }
 
 func (s trackedIPSets) ApplyEntries(ops []kernel.EntryOp) []error {
-	defer func() {
-		names := make([]string, len(ops))
-		for i, op := range ops {
-			names[i] = op.Set.Name
+	defer s.t.record(func(w *writesDuringRead) {
+		for _, op := range ops {
+			w.sets[op.Set.Name] = true
 		}
-		s.t.sets(names...)
-	}()
+	})
 	return s.IPSets.ApplyEntries(ops)
 }
 
