@@ -122,7 +122,7 @@ func Defaults() VsplaneConfiguration {
 			AckTimeout:            d(stream.DefaultAckTimeout),
 			UnknownNodeTimeout:    d(stream.DefaultUnknownNodeTimeout),
 			MaxUnknownNodeStreams: stream.DefaultMaxUnknownNodeStreams,
-			MaxInflightDeltas:     2,
+			MaxInflightDeltas:     stream.DefaultMaxInFlight,
 			DeltaTargetApplyTime:  d(stream.DefaultTargetApplyTime),
 			MinDeltaOps:           stream.DefaultMinDeltaOps,
 			MaxDeltaOps:           stream.DefaultMaxDeltaOps,

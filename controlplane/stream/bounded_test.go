@@ -318,7 +318,7 @@ func TestChangeDuringBurstSentAtNewestVersion(t *testing.T) {
 // The budget follows what the agent reports: a slow Ack shrinks the next
 // Delta, a fast one grows it again.
 func TestBudgetFollowsAgentRate(t *testing.T) {
-	e := newEnvOpts(t, false, stream.Options{MinDeltaOps: 10, MaxDeltaOps: 400, TargetApplyTime: time.Second})
+	e := newEnvOpts(t, false, stream.Options{MaxInFlight: 1, MinDeltaOps: 10, MaxDeltaOps: 400, TargetApplyTime: time.Second})
 	for i := range 1000 {
 		e.src.Set("n1", fmt.Sprintf("service/default/s%04d", i), "v1", t0)
 	}

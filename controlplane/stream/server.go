@@ -76,8 +76,9 @@ type Options struct {
 	// Logger; nil means zap.NewNop().
 	Logger *zap.Logger
 	// MaxInFlight is the number of Deltas that may be unacknowledged at once;
-	// 0 means 1. With 2, the agent finds the next bounded Delta waiting when
-	// it acknowledges one, instead of idling for a round trip.
+	// 0 means DefaultMaxInFlight. With 2, the agent finds the next bounded
+	// Delta waiting when it acknowledges one, instead of idling for a round
+	// trip.
 	MaxInFlight int
 	// TargetApplyTime is how long one Delta should take an agent to apply;
 	// 0 means DefaultTargetApplyTime. A node's pending work goes out in
@@ -121,6 +122,7 @@ type Options struct {
 
 // Defaults of Options.
 const (
+	DefaultMaxInFlight           = 2
 	DefaultAckTimeout            = 5 * time.Minute
 	DefaultUnknownNodeTimeout    = 10 * time.Minute
 	DefaultMaxUnknownNodeStreams = 256
@@ -148,7 +150,7 @@ func NewServer(src Source, opts Options) *Server {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.MaxInFlight <= 0 {
-		opts.MaxInFlight = 1
+		opts.MaxInFlight = DefaultMaxInFlight
 	}
 	if opts.TargetApplyTime <= 0 {
 		opts.TargetApplyTime = DefaultTargetApplyTime
