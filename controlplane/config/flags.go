@@ -32,6 +32,7 @@ func Bind(fs *flag.FlagSet, c *VsplaneConfiguration) {
 	fs.StringVar(&p.ListenAddress, "listen", p.ListenAddress, "gRPC address (agent stream, inspection, health, reflection)"+overrides)
 	fs.StringVar(&p.MetricsAddress, "metrics-address", p.MetricsAddress, "address for /metrics; empty disables"+overrides)
 	fs.Float64Var(&p.KubeAPIQPS, "kube-api-qps", p.KubeAPIQPS, "API server client QPS"+overrides)
+	fs.Float64Var(&p.AuthAPIQPS, "auth-api-qps", p.AuthAPIQPS, "QPS of the API client that reviews agents' and inspectors' tokens (TokenReview, SubjectAccessReview)"+overrides)
 	dur(&p.MinSyncInterval.Duration, "min-sync-interval", "longest coalescing wait between recomputations while changes keep coming (a cheap recomputation waits 4x its duration)")
 	dur(&p.MaxSyncInterval.Duration, "max-sync-interval", "maximum interval between recomputations (periodic resync)")
 	dur(&p.AckTimeout.Duration, "ack-timeout", "close an agent stream whose Delta stays unacknowledged this long")

@@ -66,6 +66,9 @@ func (c *VsplaneConfiguration) Validate() error {
 	if p.KubeAPIQPS <= 0 {
 		bad("controlPlane.kubeAPIQPS", p.KubeAPIQPS, "must be > 0")
 	}
+	if p.AuthAPIQPS <= 0 {
+		bad("controlPlane.authAPIQPS", p.AuthAPIQPS, "must be > 0")
+	}
 	positive := func(path string, d metav1.Duration) {
 		if d.Duration <= 0 {
 			bad(path, d.Duration, "must be > 0")

@@ -166,8 +166,15 @@ func run() error {
 				accounts = append(accounts, sa)
 			}
 		}
-		cfg.AgentAuth = auth.NewAgents(kube, accounts...).Node
-		cfg.InspectAuth = auth.NewInspectors(kube).Authorize
+		// Reviews go through a client of their own (see AuthAPIQPS).
+		authCfg := rest.CopyConfig(typedCfg)
+		authCfg.QPS, authCfg.Burst = float32(pc.AuthAPIQPS), int(pc.AuthAPIQPS*2)
+		authKube, err := kubernetes.NewForConfig(authCfg)
+		if err != nil {
+			return err
+		}
+		cfg.AgentAuth = auth.NewAgents(authKube, accounts...).Node
+		cfg.InspectAuth = auth.NewInspectors(authKube).Authorize
 		if len(cfg.Peers) > 0 || cfg.PeerService != "" {
 			cli, err := tlsfiles.NewClient(*tlsCA, *tlsName)
 			if err != nil {
