@@ -92,11 +92,18 @@ type Side struct {
 	Node string `json:"node"`
 	PID  int    `json:"pid"`
 	// ColdIPVSSeconds: process start -> its IPVS holds every virtual and
-	// real server; ColdSyncedSeconds -> it finished everything (kube-proxy:
-	// its first sync ended, ipsets and iptables included; vsplane: every
-	// Delta acknowledged).
+	// real server (kube-proxy: polled with ipvsprobe; vsplane: its last
+	// cold-start Ack received, which it sends after every write returned);
+	// ColdSyncedSeconds -> it finished everything (kube-proxy: its first
+	// sync ended, ipsets and iptables included; vsplane: every Delta
+	// acknowledged, the same time).
 	ColdIPVSSeconds   float64 `json:"cold_ipvs_complete_seconds"`
 	ColdSyncedSeconds float64 `json:"cold_synced_seconds"`
+	// ColdConnectedSeconds and ColdFirstDeltaSeconds (vsplane only):
+	// process start -> its stream to the control plane open, -> the first
+	// Delta of the cold start sent (host clock).
+	ColdConnectedSeconds  float64 `json:"cold_connected_seconds,omitempty"`
+	ColdFirstDeltaSeconds float64 `json:"cold_first_delta_sent_seconds,omitempty"`
 	// ChangeMS: EndpointSlice update answered -> the new real server in
 	// both of the Service's virtual servers (ipvsprobe, 10 ms polls).
 	ChangeMS       []float64 `json:"change_ms"`
@@ -503,7 +510,7 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		row := func(name, format string, a, c float64, key string) {
 			fmt.Fprintf(&b, "| %s | "+format+" | "+format+" | %.1f |\n", name, a, c, r.Ratios[key])
 		}
-		row(fmt.Sprintf("cold start: process start → IPVS complete (s, polled every %.0f ms)", r.ColdPollMS), "%.1f", k.ColdIPVSSeconds, v.ColdIPVSSeconds, "cold_ipvs_complete")
+		row(fmt.Sprintf("cold start: process start → IPVS complete (s; kube-proxy polled every %.0f ms or 4× the poll's duration, vsplane its last Ack received)", r.ColdPollMS), "%.1f", k.ColdIPVSSeconds, v.ColdIPVSSeconds, "cold_ipvs_complete")
 		row("cold start: → fully synced (s; kube-proxy first sync incl. ipsets+iptables, vsplane all Deltas acked)", "%.1f", k.ColdSyncedSeconds, v.ColdSyncedSeconds, "cold_synced")
 		row(fmt.Sprintf("one endpoint replaced, the agent alone (kube-proxy stopped): slice update answered → new real server in IPVS, median (ms; vsplane polled every %.0f ms)", r.AlonePollMS),
 			"%.1f", k.ChangeMedianMS, r.VsplaneAlone.ChangeMedianMS, "change_median_alone")
@@ -513,6 +520,10 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		row("CPU over the run incl. children (s)", "%.1f", k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds, "cpu_total")
 		row("CPU until after cold start (s)", "%.1f", k.ColdCPUSeconds, v.ColdCPUSeconds, "cpu_cold_start")
 		row("CPU during the changes (s)", "%.1f", k.ChangesCPUSeconds, v.ChangesCPUSeconds, "cpu_during_changes")
+		if v.ColdConnectedSeconds > 0 { // runs before 2026-12-01 polled instead
+			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the agent's process start).\n",
+				v.ColdConnectedSeconds, v.ColdFirstDeltaSeconds, v.ColdSyncedSeconds)
+		}
 		fmt.Fprintf(&b, "\nOwn metrics over the changes (`kubeproxy_sync_proxy_rules_duration_seconds`): kube-proxy %.2f syncs per change, mean %.0f ms each "+
 			"(a full sync: every Service's virtual server and real servers read back over netlink, iptables commands); "+
 			"vsplane %.2f Delta applies per change, mean %.1f ms, Ack apply median %.1f ms, kernel operations per change %s, "+
