@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/dataplane/client"
@@ -30,6 +31,9 @@ const stateFileName = "applied-state.pb"
 // the control plane resends a few resources.
 const saveInterval = time.Second
 
+// deltaResources is the field number of Delta.resources.
+var deltaResources = (&vsplanev1.Delta{}).ProtoReflect().Descriptor().Fields().ByName("resources").Number()
+
 // persistentApplier wraps the reconciler: it restores the previously applied
 // resources at start and saves them after applies.
 //
@@ -44,8 +48,29 @@ type persistentApplier struct {
 
 	mu       sync.Mutex
 	restored map[string]*vsplanev1.Resource // until the first Apply
-	known    map[string]*vsplanev1.Resource // latest content seen per name
+	known    map[string]storedResource      // latest content seen per name
 	dirty    chan struct{}
+}
+
+// storedResource is a resource as the state file will hold it: its version
+// and its wire encoding. Keeping the decoded messages instead (a message per
+// real server and ipset entry, each string allocated apart) cost about 3.5
+// KB per Service of 2 ports × 10 endpoints, 35 MB at 10,000 Services: the
+// largest part of the agent's heap. The encoding is a fifth of that, and
+// save writes it as it is.
+type storedResource struct {
+	version string
+	wire    []byte // deterministic encoding of the Resource
+}
+
+// encodeForState returns r as the state file holds it (ok false: r cannot be
+// encoded, and is left out of the file).
+func encodeForState(r *vsplanev1.Resource) (storedResource, bool) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+	if err != nil {
+		return storedResource{}, false
+	}
+	return storedResource{version: r.GetVersion(), wire: b}, true
 }
 
 func newPersistentApplier(inner client.Applier, dir string, log *zap.Logger) (*persistentApplier, error) {
@@ -53,7 +78,7 @@ func newPersistentApplier(inner client.Applier, dir string, log *zap.Logger) (*p
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	p := &persistentApplier{inner: inner, path: filepath.Join(dir, stateFileName), log: log,
-		known: map[string]*vsplanev1.Resource{}, dirty: make(chan struct{}, 1)}
+		known: map[string]storedResource{}, dirty: make(chan struct{}, 1)}
 	restored, err := loadState(p.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -62,7 +87,11 @@ func newPersistentApplier(inner client.Applier, dir string, log *zap.Logger) (*p
 		log.Warn("ignoring unreadable state file; the control plane will resend everything", zap.String("path", p.path), zap.Error(err))
 	default:
 		p.restored = restored
-		maps.Copy(p.known, restored)
+		for n, r := range restored {
+			if sr, ok := encodeForState(r); ok {
+				p.known[n] = sr
+			}
+		}
 		log.Info("restored applied state", zap.String("path", p.path), zap.Int("resources", len(restored)))
 	}
 	return p, nil
@@ -111,7 +140,13 @@ func (p *persistentApplier) Apply(ctx context.Context, delta *vsplanev1.Delta) *
 		p.restored = nil
 	}
 	for _, r := range delta.GetResources() {
-		p.known[r.GetName()] = r
+		if sr, ok := encodeForState(r); ok {
+			p.known[r.GetName()] = sr
+		} else {
+			// Left out of the file: a restart has it resent.
+			delete(p.known, r.GetName())
+			p.log.Warn("cannot encode a resource for the state file", zap.String("resource", r.GetName()))
+		}
 	}
 	for _, n := range delta.GetRemoved() {
 		delete(p.known, n)
@@ -168,23 +203,32 @@ func (p *persistentApplier) run(ctx context.Context) {
 	}
 }
 
-// save writes the applied resources atomically (temp file + rename).
+// save writes the applied resources atomically (temp file + rename): a
+// Delta holding them in name order, encoded as proto.Marshal with
+// Deterministic would (each resource's stored encoding as field
+// resources), without decoding anything.
 func (p *persistentApplier) save() {
 	versions := p.inner.Versions()
+	names := slices.Sorted(maps.Keys(versions))
 	p.mu.Lock()
-	d := &vsplanev1.Delta{}
-	for _, n := range slices.Sorted(maps.Keys(versions)) {
-		if r, ok := p.known[n]; ok && r.GetVersion() == versions[n] {
-			d.Resources = append(d.Resources, r)
+	size := 0
+	for _, n := range names {
+		if r, ok := p.known[n]; ok && r.version == versions[n] {
+			size += protowire.SizeTag(deltaResources) + protowire.SizeBytes(len(r.wire))
+		}
+	}
+	b := make([]byte, 0, size)
+	for _, n := range names {
+		if r, ok := p.known[n]; ok && r.version == versions[n] {
+			b = protowire.AppendTag(b, deltaResources, protowire.BytesType)
+			b = protowire.AppendBytes(b, r.wire)
 		}
 	}
 	p.mu.Unlock()
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(d)
+	tmp := p.path + ".tmp"
+	err := os.WriteFile(tmp, b, 0o600)
 	if err == nil {
-		tmp := p.path + ".tmp"
-		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, p.path)
-		}
+		err = os.Rename(tmp, p.path)
 	}
 	if err != nil {
 		p.log.Warn("cannot save applied state; a restart will resync everything", zap.Error(err))

@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
@@ -90,5 +92,36 @@ func TestDamagedStateFileMeansFullResync(t *testing.T) {
 	p := newStateApplier(t, memory.New(), dir)
 	if got := p.Versions(); len(got) != 0 {
 		t.Fatalf("damaged file restored %v, want nothing", got)
+	}
+}
+
+// TestSaveWritesTheDeltaEncoding: save writes the stored encodings as they
+// are; the file must be what marshalling a Delta of the applied resources
+// (name order, deterministic) gives, as before, and nothing of a resource
+// whose applied version is not the one stored.
+func TestSaveWritesTheDeltaEncoding(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	p := newStateApplier(t, memory.New(), dir)
+	web, other := webResource(t, "198.19.1.10"), memService(7)
+	if ack := p.Apply(ctx, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{web, other, memSettings()}}); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		t.Fatalf("apply: %v", ack)
+	}
+	// A version the reconciler refuses (a bad address) stays out of the file.
+	bad := webResource(t, "not-an-address")
+	if ack := p.Apply(ctx, &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{bad}}); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK {
+		t.Fatalf("apply of a bad resource: %v", ack)
+	}
+	p.save()
+	got, err := os.ReadFile(filepath.Join(dir, stateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := proto.MarshalOptions{Deterministic: true}.Marshal(&vsplanev1.Delta{Resources: []*vsplanev1.Resource{memSettings(), other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("state file differs from the Delta's encoding:\n got %x\nwant %x", got, want)
 	}
 }

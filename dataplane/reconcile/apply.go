@@ -338,7 +338,8 @@ func (t *touched) add(name string, rs *resourceState) {
 	if rs == nil {
 		return
 	}
-	for key := range rs.vss {
+	for _, d := range rs.vss {
+		key := d.vs.Key
 		t.vss[key] = appendOnce(t.vss[key], name)
 		t.addrs[key.Address] = appendOnce(t.addrs[key.Address], name)
 	}
@@ -363,8 +364,9 @@ func (t *touched) addChange(name string, old, cur *resourceState, oldApplied boo
 			t.addrs[key.Address] = appendOnce(t.addrs[key.Address], name)
 		}
 	}
-	for key, o := range old.vss {
-		c, ok := cur.vss[key]
+	for _, o := range old.vss {
+		key := o.vs.Key
+		c, ok := cur.vss.get(key)
 		switch {
 		case !ok:
 			touchVS(key, true)
@@ -372,9 +374,9 @@ func (t *touched) addChange(name string, old, cur *resourceState, oldApplied boo
 			touchVS(key, o.binding != c.binding)
 		}
 	}
-	for key := range cur.vss {
-		if _, ok := old.vss[key]; !ok {
-			touchVS(key, true)
+	for _, c := range cur.vss {
+		if !old.vss.has(c.vs.Key) {
+			touchVS(c.vs.Key, true)
 		}
 	}
 	oldEntries := make(map[entryKey]bool, len(old.entries))

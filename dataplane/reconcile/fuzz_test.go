@@ -75,7 +75,11 @@ func checkDesiredVS(t *testing.T, c *compiler, d desiredVS, explicit bool) {
 	if d.reject && len(d.dests) > 0 {
 		t.Fatal("reject with real servers")
 	}
-	for i, dst := range d.dests {
+	for i, dd := range d.dests {
+		dst := dd.kernel()
+		if newDesiredDest(dst) != dd {
+			t.Fatalf("real server %+v does not round-trip: %+v", dd, dst)
+		}
 		a, err := parseServiceAddr(dst.Address.String())
 		if err != nil || a != dst.Address || kernel.FamilyOf(a) != k.Family || dst.Port == 0 || dst.Weight > maxWeight || dst.Validate(k.Family) != nil {
 			t.Fatalf("accepted real server %+v of %v: %v", dst, k, err)
@@ -107,9 +111,9 @@ func checkCompiled(t *testing.T, c *compiler, rs *resourceState) {
 			}
 		}
 	}
-	for key, d := range vss {
-		if key != d.vs.Key {
-			t.Fatalf("indexed under %v: %v", key, d.vs.Key)
+	for i, d := range vss {
+		if i > 0 && vss[i-1].vs.Key.Compare(d.vs.Key) >= 0 {
+			t.Fatalf("virtual servers not sorted and unique: %v before %v", vss[i-1].vs.Key, d.vs.Key)
 		}
 		checkDesiredVS(t, c, d, true)
 	}
@@ -166,7 +170,11 @@ func FuzzCompile(f *testing.F) {
 		rs := testCompiler.compile(&res)
 		checkCompiled(t, testCompiler, rs)
 		ex := rs.expand(nodePortAddrs{kernel.FamilyIPv4: {netip.MustParseAddr("198.19.0.11")}, kernel.FamilyIPv6: {netip.MustParseAddr("2001:2:0:100::11")}})
-		for key := range ex.vss {
+		for i, d := range ex.vss {
+			key := d.vs.Key
+			if i > 0 && ex.vss[i-1].vs.Key.Compare(key) >= 0 {
+				t.Fatalf("expanded virtual servers not sorted and unique: %v before %v", ex.vss[i-1].vs.Key, key)
+			}
 			if kernel.CheckAddr(key.Address) != nil || key.Validate() != nil {
 				t.Fatalf("expanded key %v", key)
 			}

@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
@@ -138,10 +137,13 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 
 // syncDests makes the real servers of key match want (exists: the server
 // was in the kernel, so it has real servers to list).
-func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination, exists bool, names []string) {
+func (p *pass) syncDests(key kernel.VirtualServerKey, want []desiredDest, exists bool, names []string) {
 	have := map[kernel.DestinationKey]kernel.Destination{}
 	if exists {
 		list, ok := p.listedDests[key]
+		// Read once per pass: let what the full pass read go as it goes
+		// (200k real servers at 10k Services).
+		delete(p.listedDests, key)
 		if !ok {
 			var err error
 			if list, err = p.k.IPVS.ListDestinations(key); err != nil {
@@ -153,7 +155,8 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination,
 			have[d.Key()] = d
 		}
 	}
-	for _, d := range want {
+	for _, dd := range want {
+		d := dd.kernel()
 		cur, ok := have[d.Key()]
 		delete(have, d.Key())
 		// Wanted again while draining: the weight update below restores it
@@ -164,11 +167,11 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []kernel.Destination,
 		case !ok:
 			p.count(OpAddDestination)
 			p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddDestination, Server: server, Destination: d},
-				p.destDone(key, fmt.Sprintf("ipvs add destination %v -> %v", key, d.Key()), names))
+				p.destDone(key, "add", d.Key(), names))
 		case cur.Weight != d.Weight || cur.Forward != d.Forward:
 			p.count(OpUpdateDestination)
 			p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: server, Destination: d},
-				p.destDone(key, fmt.Sprintf("ipvs update destination %v -> %v", key, d.Key()), names))
+				p.destDone(key, "update", d.Key(), names))
 		}
 	}
 	stale := make([]kernel.Destination, 0, len(have))

@@ -112,25 +112,25 @@ func (rs *resourceState) expand(addrs nodePortAddrs) *resourceState {
 		return rs
 	}
 	b := tm.base
-	out := &resourceState{name: b.name, version: b.version, vss: maps.Clone(b.vss), entries: slices.Clone(b.entries),
+	out := &resourceState{name: b.name, version: b.version, vss: slices.Clone(b.vss), entries: slices.Clone(b.entries),
 		problems: slices.Clone(b.problems), tmpl: tm, health: b.health}
-	if out.vss == nil {
-		out.vss = map[kernel.VirtualServerKey]desiredVS{}
-	}
+	expanded := map[kernel.VirtualServerKey]bool{}
 	for _, t := range tm.vss {
 		for _, a := range addrs[t.vs.Key.Family] {
 			d := t
 			d.vs.Key = kernel.AddrKey(a, t.vs.Key.Protocol, t.vs.Key.Port)
 			d.nodePort = true
-			if _, ok := out.vss[d.vs.Key]; ok {
+			if b.vss.has(d.vs.Key) || expanded[d.vs.Key] {
 				// Its own ExternalIP/LB address is a node address: the
 				// explicit virtual server wins.
 				out.problem("NodePort virtual server %v collides with this Service's own virtual server on that address; not programmed as NodePort", d.vs.Key)
 				continue
 			}
-			out.vss[d.vs.Key] = d
+			expanded[d.vs.Key] = true
+			out.vss = append(out.vss, d)
 		}
 	}
+	out.vss.sort()
 	seen := make(map[entryKey]bool, len(out.entries))
 	for _, e := range out.entries {
 		seen[e] = true
@@ -184,15 +184,16 @@ func (r *Reconciler) refreshNodePort(p *pass) (names []string, olds []*resourceS
 // ones the first resource by name).
 func (s *store) conflicts(rs *resourceState) []string {
 	var out []string
-	for _, key := range sortedKeys(rs.vss, kernel.VirtualServerKey.Compare) {
-		if !rs.vss[key].nodePort {
+	for _, d := range rs.vss {
+		if !d.nodePort {
 			continue
 		}
+		key := d.vs.Key
 		w := s.winner(key)
 		if w == rs.name || w == "" {
 			continue
 		}
-		if s.res[w].vss[key].nodePort {
+		if wd, _ := s.res[w].vss.get(key); wd.nodePort {
 			out = append(out, fmt.Sprintf("NodePort virtual server %v is also the NodePort of %s, which is programmed (duplicate NodePort)", key, w))
 		} else {
 			out = append(out, fmt.Sprintf("NodePort virtual server %v collides with the virtual server of %s on that node address (same address, port and protocol); that one is programmed, not this NodePort", key, w))

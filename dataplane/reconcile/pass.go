@@ -55,6 +55,7 @@ type pass struct {
 	admission *setAdmission // read only
 	known     *knownKernel  // updated as writes succeed
 	drains    *drainSet     // updated by removeDestination
+	rendered  renderMemo    // the last iptables renderings (iptables.go)
 
 	// The pass's result: writes by kind, errors by resource name, errors no
 	// resource can be blamed for, and which of ops ended a drain
@@ -85,7 +86,7 @@ type pass struct {
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {
 	return &pass{ctx: ctx, k: r.k, log: r.log, families: r.families, now: r.cfg.Now, s: r.desired.settings(),
-		desired: r.desired, admission: &r.admission, known: &r.known, drains: &r.drains,
+		desired: r.desired, admission: &r.admission, known: &r.known, drains: &r.drains, rendered: r.rendered,
 		ops: map[string]uint32{}, errs: map[string][]string{}}
 }
 

@@ -110,6 +110,7 @@ type Reconciler struct {
 	full       fullSchedule   // first Delta seen, last full reconcile (full.go)
 	retry      retryBackoff   // (retry.go)
 	drains     drainSet       // (drain.go)
+	rendered   renderMemo     // the last iptables renderings (iptables.go)
 	stats      Stats          // (status.go)
 
 	wake chan struct{} // a deadline moved: Run recomputes its sleep (run.go)
@@ -170,6 +171,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		status:     newResourceStatus(),
 		retry:      retryBackoff{base: cfg.RetryBase, max: cfg.RetryMax},
 		drains:     newDrainSet(cfg.DrainCheckInterval, cfg.MaxDrain),
+		rendered:   renderMemo{},
 		stats:      Stats{RepairsByKind: map[string]uint64{}, DrainOps: map[string]uint64{}},
 		wake:       make(chan struct{}, 1),
 	}, nil

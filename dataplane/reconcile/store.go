@@ -51,6 +51,12 @@ func newStore() *store {
 // previous state.
 func (s *store) put(name string, rs *resourceState) *resourceState {
 	old := s.res[name]
+	if old != nil && rs != nil && sameIndexing(old, rs) {
+		// The indexes hold names, and rs puts the same ones under the same
+		// keys (an endpoint change): only the state itself is replaced.
+		s.res[name] = rs
+		return old
+	}
 	if old != nil {
 		s.unindex(old)
 		delete(s.res, name)
@@ -63,7 +69,8 @@ func (s *store) put(name string, rs *resourceState) *resourceState {
 }
 
 func (s *store) index(rs *resourceState) {
-	for key := range rs.vss {
+	for _, d := range rs.vss {
+		key := d.vs.Key
 		owners := s.vsOwners[key]
 		i, _ := slices.BinarySearch(owners, rs.name)
 		s.vsOwners[key] = slices.Insert(owners, i, rs.name)
@@ -92,8 +99,27 @@ func (s *store) index(rs *resourceState) {
 	}
 }
 
+// sameIndexing reports whether a and b (one resource's old and new state)
+// index alike: the same virtual server keys, the same entries, and a
+// template and a health check both or neither, as index reads them. The
+// order of an entry's owners in entryRefs can differ from what unindex and
+// index would leave; no reader depends on it (they sort or test membership).
+func sameIndexing(a, b *resourceState) bool {
+	if a.name != b.name || len(a.vss) != len(b.vss) || (a.tmpl == nil) != (b.tmpl == nil) ||
+		(a.health == nil) != (b.health == nil) || !slices.Equal(a.entries, b.entries) {
+		return false
+	}
+	for i := range a.vss { // both sorted by key
+		if a.vss[i].vs.Key != b.vss[i].vs.Key {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *store) unindex(rs *resourceState) {
-	for key := range rs.vss {
+	for _, d := range rs.vss {
+		key := d.vs.Key
 		owners := slices.DeleteFunc(s.vsOwners[key], func(n string) bool { return n == rs.name })
 		if len(owners) == 0 {
 			delete(s.vsOwners, key)
@@ -137,7 +163,7 @@ func (s *store) wantVS(key kernel.VirtualServerKey) (desiredVS, bool) {
 	if w == "" {
 		return desiredVS{}, false
 	}
-	return s.res[w].vss[key], true
+	return s.res[w].vss.get(key)
 }
 
 // winner is the resource whose virtual server key is programmed ("" when
@@ -149,7 +175,7 @@ func (s *store) winner(key kernel.VirtualServerKey) string {
 	}
 	if len(owners) > 1 {
 		for _, o := range owners {
-			if !s.res[o].vss[key].nodePort {
+			if d, _ := s.res[o].vss.get(key); !d.nodePort {
 				return o
 			}
 		}

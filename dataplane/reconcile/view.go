@@ -46,7 +46,7 @@ func (r *Reconciler) Desired() ([]DesiredVirtualServer, []DesiredAddress) {
 		}
 		vss = append(vss, DesiredVirtualServer{
 			VirtualServer: d.kernelVS(sched),
-			Destinations:  slices.Clone(d.dests),
+			Destinations:  kernelDests(d.dests),
 			Resources:     slices.Clone(r.desired.vsOwners[key]),
 			NodePort:      d.nodePort,
 			Reject:        d.reject,
@@ -63,4 +63,16 @@ func (r *Reconciler) Desired() ([]DesiredVirtualServer, []DesiredAddress) {
 		}
 	}
 	return vss, addrs
+}
+
+// kernelDests returns the kernel destinations of ds.
+func kernelDests(ds []desiredDest) []kernel.Destination {
+	if ds == nil {
+		return nil
+	}
+	out := make([]kernel.Destination, len(ds))
+	for i, d := range ds {
+		out[i] = d.kernel()
+	}
+	return out
 }
