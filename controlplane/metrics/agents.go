@@ -19,8 +19,9 @@ var (
 )
 
 // agentsCollector computes the per-agent gauges at scrape time. The pending
-// count comes from Agents (one pass over each node's desired state); the
-// oldest trigger needs a second pass, done only for nodes that lag.
+// count comes from Agents (O(1) for an agent known to be in sync, else one
+// pass over its node's desired state); the oldest trigger needs a second
+// pass, done only for nodes that lag.
 type agentsCollector struct {
 	now func() time.Time
 
@@ -55,7 +56,7 @@ func (c *agentsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(connectedDesc, prometheus.GaugeValue, 0)
 		return
 	}
-	infos := agents.ListAgents()
+	infos := agents.ListAgentsPending()
 	ch <- prometheus.MustNewConstMetric(connectedDesc, prometheus.GaugeValue, float64(len(infos)))
 	now := c.now()
 	for _, info := range infos {

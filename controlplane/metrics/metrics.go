@@ -31,8 +31,10 @@ func NetworkProgrammingBuckets() []float64 {
 // Agents is the view of connected agents the scrape-time collector reads;
 // *stream.Registry satisfies it.
 type Agents interface {
-	// ListAgents returns every connected agent, with PendingResources filled.
-	ListAgents() []*vsplanev1.AgentInfo
+	// ListAgentsPending returns every connected agent with NodeName and
+	// PendingResources filled, and AcknowledgedVersions for those with
+	// pending resources.
+	ListAgentsPending() []*vsplanev1.AgentInfo
 }
 
 // Desired is the per-node desired state; *snapshot.Store satisfies it.

@@ -165,7 +165,7 @@ func TestDeltaSentCountsResourcesAndBytes(t *testing.T) {
 
 type fakeAgents []*vsplanev1.AgentInfo
 
-func (f fakeAgents) ListAgents() []*vsplanev1.AgentInfo { return f }
+func (f fakeAgents) ListAgentsPending() []*vsplanev1.AgentInfo { return f }
 
 type fakeDesired struct {
 	res      map[string][]*vsplanev1.Resource

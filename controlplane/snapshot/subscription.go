@@ -64,7 +64,10 @@ func (sub *subscription) Drain() []string {
 	for n := range sub.pending {
 		out = append(out, n)
 	}
-	clear(sub.pending)
+	// A fresh map rather than clear: a map keeps the capacity it once grew
+	// to (a burst naming every resource), and iterating or clearing it
+	// would cost that capacity at every later Drain.
+	sub.pending = map[string]struct{}{}
 	slices.Sort(out)
 	return out
 }

@@ -54,7 +54,7 @@ func (ss *session) sendNext() (bool, error) {
 			return false, ss.nodeUnknown()
 		}
 		ss.nodeKnown()
-		sysVersion = sv
+		sysVersion, ss.lastSys = sv, sv
 		set := make(map[string]struct{}, len(res)+len(ss.sent))
 		for _, r := range res {
 			set[r.GetName()] = struct{}{}
@@ -77,7 +77,7 @@ func (ss *session) sendNext() (bool, error) {
 		if !ok {
 			return false, ss.nodeUnknown()
 		}
-		sysVersion = sv
+		sysVersion, ss.lastSys = sv, sv
 		byName := make(map[string]*vsplanev1.Resource, len(found))
 		for _, r := range found {
 			byName[r.GetName()] = r
@@ -87,7 +87,7 @@ func (ss *session) sendNext() (bool, error) {
 			upserts, removed = ss.decide(name, r, ok, upserts, removed)
 		}
 	}
-	clear(ss.dirty)
+	ss.resetDirty()
 	ss.needFull = false
 	if len(upserts) == 0 && len(removed) == 0 && ss.firstSent {
 		return false, nil
@@ -118,6 +118,13 @@ func (ss *session) sendNext() (bool, error) {
 	return true, nil
 }
 
+// resetDirty empties the pending names. A Go map keeps the capacity it
+// once grew to, and iterating or clearing it costs that capacity: after a
+// cold start or a burst left a node's every name pending, each later
+// Delta of one name would pay for all of them. A fresh map costs what it
+// holds.
+func (ss *session) resetDirty() { ss.dirty = map[string]struct{}{} }
+
 // nodeUnknown handles a node absent from the Source: nothing is sent or
 // removed (fail-static); the next appearance gets a full diff. A stream
 // waits for its node at most UnknownNodeTimeout, and at most
@@ -131,7 +138,7 @@ func (ss *session) nodeUnknown() error {
 	}
 	ss.known = false
 	ss.needFull = true
-	clear(ss.dirty)
+	ss.resetDirty()
 	if ss.unknownSince.IsZero() {
 		ss.unknownSince = time.Now()
 		if n := ss.s.unknown.Add(1); n > int64(ss.s.opts.MaxUnknownNodeStreams) {

@@ -43,6 +43,10 @@ type agentState struct {
 	lastApply     time.Duration
 	lastOps       map[string]uint32
 	lastStatus    *vsplanev1.AgentStatus
+	// inSyncAt, if set, is a system version of the node whose desired
+	// state acked equals (session.noteInSync): while the node is still at
+	// that version nothing is pending.
+	inSyncAt string
 }
 
 func newRegistry(src Source) *Registry {
@@ -87,6 +91,37 @@ func (r *Registry) ListAgents() []*vsplanev1.AgentInfo {
 		out = append(out, r.info(st))
 	}
 	return out
+}
+
+// ListAgentsPending is ListAgents for a metrics scrape: every connected
+// agent's NodeName and PendingResources, and for an agent with pending
+// resources everything ListAgents returns (AcknowledgedVersions, Lag).
+// An agent known to be in sync costs O(1) instead of O(node size).
+func (r *Registry) ListAgentsPending() []*vsplanev1.AgentInfo {
+	states := r.sortedStates()
+	out := make([]*vsplanev1.AgentInfo, 0, len(states))
+	for _, st := range states {
+		st.mu.Lock()
+		at := st.inSyncAt
+		st.mu.Unlock()
+		if r.inSync(st.node, at) {
+			out = append(out, &vsplanev1.AgentInfo{NodeName: st.node})
+			continue
+		}
+		out = append(out, r.info(st))
+	}
+	return out
+}
+
+// inSync reports whether the node's desired state is still at version at,
+// recorded when the agent's acknowledged state equalled it ("": none): then
+// nothing is pending. O(1): a Lookup of no names reads only the version.
+func (r *Registry) inSync(node, at string) bool {
+	if at == "" {
+		return false
+	}
+	_, sys, ok := r.src.Lookup(node, nil)
+	return ok && sys == at
 }
 
 // ListAgentsOf is ListAgents for the resources names only: each AgentInfo's
@@ -144,6 +179,12 @@ func (r *Registry) LastStatus(node string) *vsplanev1.AgentStatus {
 // baseInfo copies st into an AgentInfo; names, if non-nil, restricts the
 // acknowledged and nacked maps to those resources.
 func (st *agentState) baseInfo(names []string) *vsplanev1.AgentInfo {
+	info, _ := st.baseInfoAt(names)
+	return info
+}
+
+// baseInfoAt is baseInfo and st.inSyncAt, read together.
+func (st *agentState) baseInfoAt(names []string) (*vsplanev1.AgentInfo, string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	info := &vsplanev1.AgentInfo{
@@ -179,13 +220,16 @@ func (st *agentState) baseInfo(names []string) *vsplanev1.AgentInfo {
 		info.LastApplyDuration = durationpb.New(st.lastApply)
 		info.LastKernelOperations = maps.Clone(st.lastOps)
 	}
-	return info
+	return info, st.inSyncAt
 }
 
 func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
-	info := st.baseInfo(nil)
+	info, at := st.baseInfoAt(nil)
 	if info.AcknowledgedVersions == nil {
 		info.AcknowledgedVersions = map[string]string{}
+	}
+	if r.inSync(st.node, at) {
+		return info // nothing pending, no lag
 	}
 	// pending = desired names whose version differs from the acked one, plus
 	// acked names no longer desired (their removal is not acknowledged yet).

@@ -61,6 +61,11 @@ type session struct {
 	inflight     []*inflightDelta
 	// rate sizes Deltas from this agent's Acks.
 	rate *applyRate
+	// lastSys is the node's system version at the last List or Lookup;
+	// inSync: st.inSyncAt is set for the current acknowledged state
+	// (noteInSync).
+	lastSys string
+	inSync  bool
 }
 
 // accept reads and validates the Hello, checks it against the stream's
@@ -226,6 +231,7 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 	defer timer.Stop()
 	for {
 		if isReady {
+			ss.noteInSync()
 			if err := ss.maybeSend(); err != nil {
 				ss.log.Warn("closing agent stream", zap.Error(err))
 				return err
@@ -331,6 +337,9 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 				healed = append(healed, name)
 			}
 		}
+		if len(healed) > 0 {
+			ss.ackedChanged()
+		}
 		ss.st.mu.Unlock()
 		if len(healed) > 0 {
 			slices.Sort(healed)
@@ -376,6 +385,7 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 	allFailed := ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK && (len(failed) == 0 || unnamed)
 
 	ss.st.mu.Lock()
+	ss.ackedChanged()
 	if ss.st.nackErrs == nil {
 		ss.st.nackErrs = map[string]string{}
 	}
@@ -426,6 +436,38 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		})
 	}
 	return nil
+}
+
+// noteInSync records in st.inSyncAt that the agent holds exactly the
+// node's desired state as of system version lastSys, when that is known:
+// every Delta sent is acknowledged, no NACKed version is outstanding,
+// nothing is pending (the subscription is drained first: a change already
+// in lastSys is in the pending set or drained by then, since a commit
+// notifies before readers see it) and the acknowledged names are the ones
+// sent (a NACKed removal leaves one behind). Inspection and the metrics
+// then answer "pending" by comparing lastSys with the node's current
+// version instead of comparing every resource (Registry). The record
+// holds until the acknowledged state changes (ackedChanged).
+func (ss *session) noteInSync() {
+	if ss.inSync || !ss.firstSent || ss.needFull || len(ss.inflight) > 0 || len(ss.nacked) > 0 || len(ss.dirty) > 0 {
+		return
+	}
+	for _, n := range ss.sub.Drain() {
+		ss.dirty[n] = struct{}{}
+	}
+	if len(ss.dirty) > 0 {
+		return // maybeSend sends them
+	}
+	ss.st.mu.Lock()
+	if len(ss.st.acked) == len(ss.sent) {
+		ss.st.inSyncAt, ss.inSync = ss.lastSys, true
+	}
+	ss.st.mu.Unlock()
+}
+
+// ackedChanged forgets the in-sync record; st.mu is held.
+func (ss *session) ackedChanged() {
+	ss.st.inSyncAt, ss.inSync = "", false
 }
 
 func nackSummary(errs []*vsplanev1.ResourceError) string {

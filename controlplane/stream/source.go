@@ -20,13 +20,15 @@ type Source interface {
 	Subscribe(node string) Subscription
 	// List returns node's current desired resources sorted by name, plus the
 	// node's system version (opaque string that changes whenever any
-	// resource changes). Unknown node -> nil, "", false. Returned resources
-	// are shared and immutable.
+	// resource changes; two reads of one version saw the same resources).
+	// Unknown node -> nil, "", false. Returned resources are shared and
+	// immutable.
 	List(node string) (resources []*vsplanev1.Resource, systemVersion string, ok bool)
 	// Lookup returns node's current resources among names (names the node
 	// does not have are left out) and its system version, all read at once;
 	// ok=false for an unknown node. It costs O(len(names)), so Deltas after
-	// the first are O(changes), not O(node size).
+	// the first are O(changes), not O(node size), and a Lookup of no names
+	// reads the version alone.
 	Lookup(node string, names []string) (found []*vsplanev1.Resource, systemVersion string, ok bool)
 	// TriggerTime is the earliest trigger time (Service/EndpointSlice change
 	// time) of the change that produced the node's current version of

@@ -436,6 +436,7 @@ func (b *bench) singleChanges() {
 	S, E := b.o.Size.Services, b.o.Size.Endpoints
 	sc := SingleChange{Changes: b.o.Changes}
 	var all, allRecv, allSent []float64
+	stopProfile := b.profilePhase("single")
 	s0 := b.sample()
 	for k := range b.o.Changes {
 		i, j := (k*S)/b.o.Changes, k%E
@@ -465,6 +466,7 @@ func (b *bench) singleChanges() {
 		sc.PerChange = append(sc.PerChange, cs)
 	}
 	s1 := b.sample()
+	stopProfile()
 	sc.Total = b.cost(s0, s1, secs(s1.t-s0.t))
 	sc.Samples = len(all)
 	sc.LatencyP50MS, sc.LatencyP99MS, sc.LatencyMaxMS = quantile(all, 0.5), quantile(all, 0.99), slices.Max(all)
@@ -495,6 +497,7 @@ func (b *bench) burst() {
 		targets[b.w.svcs[i].resource()] = ips[m]
 	}
 	sent, resp := make([]int64, len(idx)), make([]int64, len(idx))
+	stopProfile := b.profilePhase("burst")
 	s0 := b.sample()
 	ws := b.fleet.Watch(targets, false)
 	start := b.clk.now()
@@ -523,6 +526,7 @@ func (b *bench) burst() {
 		b.fatalf("burst: %v", err)
 	}
 	s1 := b.sample()
+	stopProfile()
 	b.fleet.Unwatch(ws)
 	bu := Burst{Slices: len(idx), Writers: b.o.BurstWriters, WriteSeconds: secs(written - start)}
 	var lat, recv, fromSent []float64

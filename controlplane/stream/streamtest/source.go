@@ -24,6 +24,7 @@ type Source struct {
 	triggers map[string]map[string]time.Time
 	subs     map[string][]*sub
 	lookups  map[string]int
+	lists    map[string]int
 }
 
 var _ stream.Source = (*Source)(nil)
@@ -36,6 +37,7 @@ func New() *Source {
 		triggers: map[string]map[string]time.Time{},
 		subs:     map[string][]*sub{},
 		lookups:  map[string]int{},
+		lists:    map[string]int{},
 	}
 }
 
@@ -148,11 +150,19 @@ func (s *Source) Lookups(node string) int {
 	return s.lookups[node]
 }
 
+// Lists counts List calls for node (reads of its whole state).
+func (s *Source) Lists(node string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lists[node]
+}
+
 // List implements stream.Source.
 func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lookups[node]++
+	s.lists[node]++
 	m, ok := s.nodes[node]
 	if !ok {
 		return nil, "", false
