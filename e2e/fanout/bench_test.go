@@ -5,6 +5,7 @@ package fanout_test
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,8 +38,11 @@ func TestFanoutBench(t *testing.T) {
 	if size.Nodes*size.Services > 1_000_000 {
 		verify = 20
 	}
+	// FANOUT_CP_ARGS: extra control-plane flags (space-separated), e.g. to
+	// compare a setting's effect in two runs.
+	cpArgs := strings.Fields(os.Getenv("FANOUT_CP_ARGS"))
 	rep := fanout.Run(t, fanout.Options{Size: size, Timeout: 30 * time.Minute, ReadyTimeout: 20 * time.Minute, IdleWindow: 10 * time.Second,
-		VerifyAgents: verify, Notes: notes, Out: os.Getenv("FANOUT_OUT")})
+		VerifyAgents: verify, Notes: notes, Out: os.Getenv("FANOUT_OUT"), ControlPlaneArgs: cpArgs})
 	if len(rep.Problems) > 0 {
 		t.Fatalf("problems: %v", rep.Problems)
 	}
