@@ -49,8 +49,8 @@ func TestAgentMemory(t *testing.T) {
 	n := 200
 	if v := os.Getenv("VSPLANE_AGENT_MEMORY"); v != "" {
 		var err error
-		if n, err = strconv.Atoi(v); err != nil || n <= 0 {
-			t.Fatalf("VSPLANE_AGENT_MEMORY=%q: want a number of Services", v)
+		if n, err = strconv.Atoi(v); err != nil || n <= 0 || n > maxMemServices {
+			t.Fatalf("VSPLANE_AGENT_MEMORY=%q: want a number of Services, 1..%d", v, maxMemServices)
 		}
 	}
 	profileDir := os.Getenv("VSPLANE_AGENT_MEMORY_PROFILE")
@@ -146,13 +146,17 @@ func TestAgentMemory(t *testing.T) {
 	t.Logf("allocated during the cold start: %.1f MB in %d GCs", mb(peakAll.allocated-base.allocated), peakAll.gcs-base.gcs)
 }
 
+// maxMemServices: the cluster IPs are 198.18.0.0 up to below the node's
+// address 198.18.255.250 (test addresses stay in 198.18.0.0/15).
+const maxMemServices = 65000
+
 // memService is Service i as translate.Service emits it for the benchmark's
 // objects: 2 TCP ports (http 80, https 8443) of one cluster IP, 10 ready
 // endpoints on no node (target port 8080), their KUBE-CLUSTER-IP entries,
 // versioned by a content hash like snapshot.NewServiceResource.
 func memService(i int) *vsplanev1.Resource {
 	name := fmt.Sprintf("kp-%05d", i)
-	vip := fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&0xff, i&0xff)
+	vip := fmt.Sprintf("198.18.%d.%d", i>>8, i&0xff) // i < maxMemServices
 	st := &vsplanev1.ServiceState{Namespace: "kp", Name: name}
 	for _, p := range []struct {
 		name string
@@ -175,7 +179,7 @@ func memService(i int) *vsplanev1.Resource {
 }
 
 func memSettings() *vsplanev1.Resource {
-	ns := &vsplanev1.NodeSettings{DefaultScheduler: "rr", ClusterCidrs: []string{"198.19.0.0/16"}, NodeIps: []string{"192.0.2.10"}}
+	ns := &vsplanev1.NodeSettings{DefaultScheduler: "rr", ClusterCidrs: []string{"198.19.0.0/16"}, NodeIps: []string{"198.18.255.250"}}
 	return &vsplanev1.Resource{Name: wire.NodeSettingsResource, Version: contentVersion(ns),
 		Body: &vsplanev1.Resource_NodeSettings{NodeSettings: ns}}
 }

@@ -111,7 +111,7 @@ func TestSameRulesInputComparesEveryField(t *testing.T) {
 		case "MasqueradeBit":
 			changed.MasqueradeBit = 15
 		case "ClusterCIDR":
-			changed.ClusterCIDR = netip.MustParsePrefix("10.0.0.0/8")
+			changed.ClusterCIDR = netip.MustParsePrefix("198.19.0.0/16")
 		case "RandomFully":
 			changed.RandomFully = true
 		case "ConntrackTCPLiberal":
