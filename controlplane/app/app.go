@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -64,8 +65,10 @@ type Config struct {
 	// on a loopback listener.
 	AgentAuth   func(ctx context.Context) (node string, err error)
 	InspectAuth func(ctx context.Context) error
-	// MetricsListener, if set, serves /metrics.
+	// MetricsListener, if set, serves /metrics (and /debug/pprof/ with
+	// Profiling).
 	MetricsListener net.Listener
+	Profiling       bool
 	// Watch tunes the bounded-frequency recomputation (min/max interval).
 	Watch watch.Options
 	// Translate is the cluster-wide configuration of every node's state.
@@ -384,6 +387,13 @@ func (r *Replica) Run(ctx context.Context) error {
 			}
 		})
 		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		if r.cfg.Profiling {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := srv.Serve(r.cfg.MetricsListener); !errors.Is(err, http.ErrServerClosed) {

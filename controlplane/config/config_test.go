@@ -123,6 +123,9 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"agentReconcilePeriod", func(c *config.VsplaneConfiguration) { c.AgentReconcilePeriod = dur(-time.Minute) }, `agentReconcilePeriod "-1m0s": must be >= 0`},
 		{"listenAddress", func(c *config.VsplaneConfiguration) { c.ControlPlane.ListenAddress = "18000" }, `controlPlane.listenAddress "18000": want host:port`},
 		{"metricsAddress", func(c *config.VsplaneConfiguration) { c.ControlPlane.MetricsAddress = "localhost" }, `controlPlane.metricsAddress "localhost": want host:port`},
+		{"enableProfiling", func(c *config.VsplaneConfiguration) {
+			c.ControlPlane.EnableProfiling, c.ControlPlane.MetricsAddress = true, ""
+		}, `controlPlane.enableProfiling true: needs controlPlane.metricsAddress`},
 		{"kubeAPIQPS", func(c *config.VsplaneConfiguration) { c.ControlPlane.KubeAPIQPS = 0 }, `controlPlane.kubeAPIQPS 0: must be > 0`},
 		{"minSyncInterval", func(c *config.VsplaneConfiguration) { c.ControlPlane.MinSyncInterval = dur(0) }, `controlPlane.minSyncInterval "0s": must be > 0`},
 		{"min > max sync", func(c *config.VsplaneConfiguration) { c.ControlPlane.MinSyncInterval = dur(2 * time.Hour) }, `controlPlane.minSyncInterval "2h0m0s": must be <= controlPlane.maxSyncInterval (1h0m0s)`},

@@ -31,6 +31,7 @@ func Bind(fs *flag.FlagSet, c *VsplaneConfiguration) {
 	// Process settings.
 	fs.StringVar(&p.ListenAddress, "listen", p.ListenAddress, "gRPC address (agent stream, inspection, health, reflection)"+overrides)
 	fs.StringVar(&p.MetricsAddress, "metrics-address", p.MetricsAddress, "address for /metrics; empty disables"+overrides)
+	fs.BoolVar(&p.EnableProfiling, "profiling", p.EnableProfiling, "serve /debug/pprof/ on --metrics-address"+overrides)
 	fs.Float64Var(&p.KubeAPIQPS, "kube-api-qps", p.KubeAPIQPS, "API server client QPS"+overrides)
 	fs.Float64Var(&p.AuthAPIQPS, "auth-api-qps", p.AuthAPIQPS, "QPS of the API client that reviews agents' and inspectors' tokens (TokenReview, SubjectAccessReview)"+overrides)
 	dur(&p.MinSyncInterval.Duration, "min-sync-interval", "longest coalescing wait between recomputations while changes keep coming (a cheap recomputation waits 4x its duration)")

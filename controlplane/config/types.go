@@ -84,6 +84,10 @@ type ControlPlaneConfiguration struct {
 	ListenAddress string `json:"listenAddress"`
 	// MetricsAddress serves /metrics; "" disables. Default "127.0.0.1:18001".
 	MetricsAddress string `json:"metricsAddress"`
+	// EnableProfiling serves Go's /debug/pprof/ handlers on MetricsAddress
+	// (as kube-proxy's enableProfiling). Default false: a profile shows
+	// memory contents and costs CPU; keep the address loopback-only.
+	EnableProfiling bool `json:"enableProfiling"`
 	// KubeAPIQPS is the API client's QPS (burst twice that). Default 50.
 	KubeAPIQPS float64 `json:"kubeAPIQPS"`
 	// AuthAPIQPS is the QPS (burst twice that) of the separate API client

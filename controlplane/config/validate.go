@@ -63,6 +63,9 @@ func (c *VsplaneConfiguration) Validate() error {
 			bad("controlPlane.metricsAddress", p.MetricsAddress, "want host:port, or empty to disable")
 		}
 	}
+	if p.EnableProfiling && p.MetricsAddress == "" {
+		bad("controlPlane.enableProfiling", true, "needs controlPlane.metricsAddress (profiles are served there)")
+	}
 	if p.KubeAPIQPS <= 0 {
 		bad("controlPlane.kubeAPIQPS", p.KubeAPIQPS, "must be > 0")
 	}

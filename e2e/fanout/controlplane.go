@@ -155,6 +155,29 @@ func (p *cpProc) LogTail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
+// fetch saves the body of GET path on the replica's metrics address to out.
+func (p *cpProc) fetch(ctx context.Context, path, out string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.MetricsAddr+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(out, body, 0o644)
+}
+
 // heap reads the replica's Go heap from its /metrics: bytes allocated
 // (live plus garbage not yet collected) and the next GC's target (twice the
 // heap live after the last GC, at the default GOGC).

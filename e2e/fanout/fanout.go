@@ -246,6 +246,9 @@ func (b *bench) setup() {
 	// during the measurement.
 	args := append([]string{"--kubeconfig", b.env.Kubeconfig, "--rollouts=false",
 		"--tls-cert-file", files.Cert, "--tls-key-file", files.Key, "--tls-ca-file", files.CA}, b.o.ControlPlaneArgs...)
+	if os.Getenv(ProfileEnv) != "" {
+		args = append(args, "--profiling") // heap profiles (profile.go)
+	}
 	for attempt := 0; ; attempt++ {
 		p, err := startControlPlane(bin.bin, b.dir, attempt, args)
 		if err != nil {
@@ -365,12 +368,14 @@ func (b *bench) coldStart() {
 	s0 := b.sample()
 	ws := b.fleet.Watch(targets, true)
 	start := b.clk.now()
+	stopHeaps := b.profileHeaps("cold", 3*time.Second)
 	if err := b.fleet.StartAll(b.ctx); err != nil {
 		b.fatalf("%v", err)
 	}
 	if err := ws.Wait(b.ctx, b.o.Timeout); err != nil {
 		b.fatalf("cold start: %v", err)
 	}
+	stopHeaps()
 	s1 := b.sample()
 	failures := b.fleet.StreamEnds()
 	b.fleet.Unwatch(ws)
@@ -563,12 +568,14 @@ func (b *bench) reconnect() {
 	s0 := b.sample()
 	ws := b.fleet.Watch(nil, true)
 	start := b.clk.now()
+	stopHeaps := b.profileHeaps("reconnect", 300*time.Millisecond)
 	if err := b.fleet.StartAll(b.ctx); err != nil {
 		b.fatalf("%v", err)
 	}
 	if err := ws.Wait(b.ctx, b.o.Timeout); err != nil {
 		b.fatalf("reconnect storm: %v", err)
 	}
+	stopHeaps()
 	s1 := b.sample()
 	b.fleet.Unwatch(ws)
 	var last int64

@@ -23,6 +23,49 @@ import (
 // unprofiled ones.
 const ProfileEnv = "FANOUT_PROFILE"
 
+// profileHeaps, when ProfileEnv is set, fetches the control plane's heap
+// profile (it runs with --profiling) every interval until the
+// returned function is called, and once more then: cp-<phase>-heap-N.pb.gz,
+// N counting up (`go tool pprof -sample_index=inuse_space` on the one
+// taken nearest the peak RSS, which the log names with its RSS).
+func (b *bench) profileHeaps(phase string, interval time.Duration) (stop func()) {
+	dir := os.Getenv(ProfileEnv)
+	if dir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.t.Logf("profile %s: %v", phase, err)
+		return func() {}
+	}
+	n := 0
+	fetch := func() {
+		out := filepath.Join(dir, fmt.Sprintf("cp-%s-heap-%02d.pb.gz", phase, n))
+		n++
+		st, _ := readProcStat(b.cp.Pid())
+		if err := b.cp.fetch(b.ctx, "/debug/pprof/heap", out); err != nil {
+			b.t.Logf("heap profile: %v", err)
+			return
+		}
+		b.t.Logf("heap profile %s (control plane RSS %s, peak %s)", out, human(st.RSSBytes), human(st.HWMBytes))
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				fetch()
+				return
+			case <-tick.C:
+				fetch()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
 // profilePhase starts profiling phase when ProfileEnv is set and returns
 // the function that stops it (a no-op otherwise).
 func (b *bench) profilePhase(phase string) (stop func()) {

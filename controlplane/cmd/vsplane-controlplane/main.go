@@ -125,6 +125,7 @@ func run() error {
 		MaxConnectionAgeGrace: pc.MaxConnectionAgeGrace.Duration,
 	}
 	if pc.MetricsAddress != "" {
+		cfg.Profiling = pc.EnableProfiling
 		if cfg.MetricsListener, err = net.Listen("tcp", pc.MetricsAddress); err != nil {
 			return fmt.Errorf("listen %s: %w", pc.MetricsAddress, err)
 		}
