@@ -88,8 +88,10 @@ func buildState(tb testing.TB, services, endpoints, nodes int) builtState {
 	}
 	for n := 0; n < nodes; n++ {
 		name := fmt.Sprintf("node-%d", n)
+		// Each Node with its own trigger, as the watcher gives them (the
+		// time each event arrived).
 		ch.Nodes[name] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
-			Name: name, Addresses: []netip.Addr{benchAddr(18, 0xff00+n%256)}}}}
+			Name: name, Addresses: []netip.Addr{benchAddr(18, 0xff00+n%256)}}}, Trigger: time.Unix(1_000_000, int64(n))}
 	}
 	for s := 0; s < services; s++ {
 		k := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%d", s)}

@@ -160,7 +160,7 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	w := &work{dirty: map[model.ServiceKey]time.Time{}, fresh: map[string]time.Time{}, b: &e.batch}
+	w := &work{dirty: map[model.ServiceKey]time.Time{}, fresh: map[string]struct{}{}, b: &e.batch}
 	w.b.Reset()
 	settings := e.takeTranslate()
 	e.applyNodes(w, ch.Nodes)
@@ -198,7 +198,7 @@ type work struct {
 	dirty map[model.ServiceKey]time.Time
 	// fresh: nodes that get every Service (new, or zone/addresses changed),
 	// staged and published whole.
-	fresh map[string]time.Time
+	fresh map[string]struct{}
 	b     *snapshot.Batch
 }
 
@@ -228,8 +228,8 @@ func (e *Engine) applyNodes(w *work, nodes map[string]watch.Change[model.Node]) 
 		// staged and published at the end of this Apply, so no agent ever
 		// sees it half-filled (snapshot package doc).
 		if !had || old.node.Zone != n.Zone || !slices.Equal(old.node.Addresses, n.Addresses) {
-			w.b.StageNode(name)
-			w.fresh[name] = c.Trigger
+			w.b.StageNode(name, c.Trigger)
+			w.fresh[name] = struct{}{}
 		}
 		e.setNodeSettings(w.b, n, c.Trigger)
 	}
@@ -315,8 +315,8 @@ func (e *Engine) write(w *work) int {
 		e.recompute(w.b, key, trig, w.fresh)
 		commit(false)
 	}
-	for name, trig := range w.fresh {
-		e.fillNode(w.b, e.nodes[name].node, trig)
+	for name := range w.fresh {
+		e.fillNode(w.b, e.nodes[name].node)
 		commit(false)
 	}
 	for name := range w.fresh {
@@ -374,7 +374,7 @@ func (e *Engine) gc(k model.ServiceKey, se *serviceEntry) {
 
 // recompute translates Service k once per variant and sets it on every
 // known node except those in skip (they get everything in fillNode).
-func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time, skip map[string]time.Time) {
+func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time, skip map[string]struct{}) {
 	name := snapshot.ServiceName(k.Namespace, k.Name)
 	se := e.services[k]
 	if se == nil || se.svc == nil {
@@ -402,9 +402,10 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 }
 
 // fillNode sets every Service on a node that just appeared (or whose zone
-// changed), reusing each Service's common variant. The node's change is the
-// trigger: an old Service first sent to a new node is not old news for it.
-func (e *Engine) fillNode(b *snapshot.Batch, n *model.Node, nodeTrig time.Time) {
+// changed), reusing each Service's common variant. The node's change (given
+// to StageNode) is the trigger: an old Service first sent to a new node is
+// not old news for it.
+func (e *Engine) fillNode(b *snapshot.Batch, n *model.Node) {
 	for k, se := range e.services {
 		if se.svc == nil {
 			b.Delete(n.Name, snapshot.ServiceName(k.Namespace, k.Name))
@@ -414,7 +415,7 @@ func (e *Engine) fillNode(b *snapshot.Batch, n *model.Node, nodeTrig time.Time) 
 			e.derive(se)
 		}
 		if r := e.variantFor(se, n); r != nil {
-			b.Set(n.Name, r, nodeTrig)
+			b.Fill(n.Name, r) // the trigger StageNode got: the node's change
 		}
 	}
 }

@@ -9,7 +9,9 @@ import "math/bits"
 // addresses, or a Local policy applies). So each name keeps one common
 // value and the set of node states that hold it (a bitset, a bit per
 // state), and a node state keeps only its exceptions: the names where it
-// holds another value, or the common value with another trigger time. The
+// holds another value, or the common value with another trigger time (a
+// node's own trigger, from when it was staged and filled, is kept once per
+// node: stageTrigger). The
 // memory is O(names + exceptions), not O(names × nodes): at 10,000
 // Services × 1,000 nodes the per-node maps this replaced held 10 million
 // slots (630 MB).
@@ -31,6 +33,9 @@ type nodeState struct {
 	sys [16]byte        // XOR of the pair hashes of all held resources
 	// held is the number of names held.
 	held int
+	// stageTrig is the trigger the state was staged with (unix
+	// nanoseconds, 0: none), which slots with trigger stageTrigger stand for.
+	stageTrig int64
 }
 
 // nameState is the sharing of one resource name.

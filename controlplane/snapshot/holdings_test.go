@@ -92,7 +92,7 @@ func TestHoldingsMatchPerNodeModel(t *testing.T) {
 				delete(m.published, node)
 				delete(m.staged, node)
 			case r < 92:
-				b.StageNode(node)
+				b.StageNode(node, time.Time{})
 				m.staged[node] = map[string]modelSlot{}
 			default:
 				b.PublishNode(node)

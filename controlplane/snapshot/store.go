@@ -93,7 +93,22 @@ type internEntry struct {
 // slot is one resource of one node.
 type slot struct {
 	e       *internEntry
-	trigger int64 // unix nanoseconds; 0 = unknown
+	trigger int64 // unix nanoseconds; 0 = unknown; stageTrigger: the holder's
+}
+
+// stageTrigger as a slot's trigger stands for the trigger its node state
+// was staged with (Batch.Fill): a node filled with every Service then
+// shares each Service's common slot instead of holding all of them as
+// exceptions that differ only in the node's own trigger time.
+const stageTrigger int64 = -1
+
+// triggerOf resolves sl's trigger as held by st (unix nanoseconds; 0:
+// unknown).
+func triggerOf(st *nodeState, sl slot) int64 {
+	if sl.trigger == stageTrigger {
+		return st.stageTrig
+	}
+	return sl.trigger
 }
 
 // Store is the per-node desired state. All methods are safe for concurrent use.
@@ -143,6 +158,7 @@ const (
 	opRemoveNode
 	opStageNode
 	opPublishNode
+	opFill
 )
 
 type op struct {
@@ -174,10 +190,13 @@ func (b *Batch) AddNode(node string) { b.ops = append(b.ops, op{kind: opAddNode,
 func (b *Batch) RemoveNode(node string) { b.ops = append(b.ops, op{kind: opRemoveNode, node: node}) }
 
 // StageNode starts a new, empty staged state for node (dropping any staged
-// one): until PublishNode, Set and Delete for node write to it, while readers
-// keep seeing the published state (or no node at all, for a new one) and
-// subscribers hear nothing. The staged state may span several Commits.
-func (b *Batch) StageNode(node string) { b.ops = append(b.ops, op{kind: opStageNode, node: node}) }
+// one): until PublishNode, Set, Fill and Delete for node write to it, while
+// readers keep seeing the published state (or no node at all, for a new
+// one) and subscribers hear nothing. The staged state may span several
+// Commits. trigger is the node's change that asked for it: Fill's trigger.
+func (b *Batch) StageNode(node string, trigger time.Time) {
+	b.ops = append(b.ops, op{kind: opStageNode, node: node, trigger: trigger})
+}
 
 // PublishNode makes node's staged state its published state in one step
 // (the node becomes known if it was not) and notifies subscribers of the
@@ -190,6 +209,14 @@ func (b *Batch) PublishNode(node string) { b.ops = append(b.ops, op{kind: opPubl
 // unknown node (neither published nor staged) is ignored.
 func (b *Batch) Set(node string, res *vsplanev1.Resource, trigger time.Time) {
 	b.ops = append(b.ops, op{kind: opSet, node: node, res: res, trigger: trigger})
+}
+
+// Fill is Set with the trigger StageNode gave node's staged state (zero
+// if node is not staged): how a node that appeared gets every Service. The
+// trigger is kept once per node, so a filled node shares each resource
+// with the other nodes instead of holding it as its own exception.
+func (b *Batch) Fill(node string, res *vsplanev1.Resource) {
+	b.ops = append(b.ops, op{kind: opFill, node: node, res: res})
 }
 
 // Delete removes node's resource name (no-op if absent).
@@ -235,16 +262,27 @@ func (s *Store) Commit(b *Batch) CommitStats {
 			if ns, ok := s.staged[o.node]; ok {
 				s.dropState(ns)
 			}
-			s.staged[o.node] = s.newState()
+			ns := s.newState()
+			if !o.trigger.IsZero() {
+				ns.stageTrig = o.trigger.UnixNano()
+			}
+			s.staged[o.node] = ns
 		case opPublishNode:
 			n := s.publish(o.node, changed)
 			st.Changed += n
-		case opSet:
+		case opSet, opFill:
 			ns, published := s.target(o.node)
 			if ns == nil || o.res == nil {
 				continue
 			}
-			if s.set(ns, o.res, o.trigger) && published {
+			var trig int64
+			switch {
+			case o.kind == opFill && !published:
+				trig = stageTrigger
+			case !o.trigger.IsZero():
+				trig = o.trigger.UnixNano()
+			}
+			if s.set(ns, o.res, trig) && published {
 				changed[o.node] = append(changed[o.node], o.res.GetName())
 				st.Changed++
 			}
@@ -285,8 +323,9 @@ func (s *Store) target(node string) (ns *nodeState, published bool) {
 	return ns, true
 }
 
-// set makes res ns's resource res.Name; reports whether the version changed.
-func (s *Store) set(ns *nodeState, res *vsplanev1.Resource, trigger time.Time) bool {
+// set makes res ns's resource res.Name with trigger trig (a slot's
+// trigger); reports whether the version changed.
+func (s *Store) set(ns *nodeState, res *vsplanev1.Resource, trig int64) bool {
 	name := res.GetName()
 	old, had := s.get(ns, name)
 	if had && old.e.res.GetVersion() == res.GetVersion() {
@@ -295,10 +334,6 @@ func (s *Store) set(ns *nodeState, res *vsplanev1.Resource, trigger time.Time) b
 	e := s.acquire(res)
 	if had {
 		s.unhold(ns, name, s.names[name])
-	}
-	var trig int64
-	if !trigger.IsZero() {
-		trig = trigger.UnixNano()
 	}
 	s.hold(ns, name, slot{e: e, trigger: trig})
 	return true
@@ -346,10 +381,10 @@ func (s *Store) publish(node string, changed map[string][]string) int {
 		was, had := s.get(prev, name)
 		now, has := s.get(next, name)
 		if had && has && was.e == now.e {
-			if now.trigger != was.trigger {
+			if old := triggerOf(prev, was); triggerOf(next, now) != old {
 				now.e.refs++ // kept by prev meanwhile; hold takes it over
 				s.unhold(next, name, s.names[name])
-				s.hold(next, name, slot{e: now.e, trigger: was.trigger})
+				s.hold(next, name, slot{e: now.e, trigger: old})
 			}
 			continue
 		}
@@ -453,8 +488,10 @@ func (s *Store) TriggerTime(node, name string) time.Time {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if ns, ok := s.nodes[node]; ok {
-		if sl, ok := s.get(ns, name); ok && sl.trigger != 0 {
-			return time.Unix(0, sl.trigger)
+		if sl, ok := s.get(ns, name); ok {
+			if t := triggerOf(ns, sl); t != 0 {
+				return time.Unix(0, t)
+			}
 		}
 	}
 	return time.Time{}

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -230,7 +231,7 @@ func TestStagedNodeIsPublishedWhole(t *testing.T) {
 	sub := s.Subscribe("n1")
 	defer sub.Close()
 	var b Batch
-	b.StageNode("n1")
+	b.StageNode("n1", time.Time{})
 	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Unix(10, 0))
 	s.Commit(&b)
 	b = Batch{}
@@ -265,7 +266,7 @@ func TestStagedNodeIsPublishedWhole(t *testing.T) {
 	s.Commit(&b)
 	sub.Drain()
 	b = Batch{}
-	b.StageNode("n1")
+	b.StageNode("n1", time.Time{})
 	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Unix(30, 0))
 	b.Set("n1", svcRes(t, "b", "198.18.0.9"), time.Unix(30, 0))
 	b.Set("n1", svcRes(t, "c", "198.18.0.3"), time.Unix(30, 0))
@@ -297,7 +298,7 @@ func TestStagedNodeIsPublishedWhole(t *testing.T) {
 
 	// Removing a node while it is staged drops both states.
 	b = Batch{}
-	b.StageNode("n1")
+	b.StageNode("n1", time.Time{})
 	b.Set("n1", svcRes(t, "z", "198.18.0.26"), time.Time{})
 	b.RemoveNode("n1")
 	b.PublishNode("n1") // no staged state left: no-op
@@ -307,5 +308,71 @@ func TestStagedNodeIsPublishedWhole(t *testing.T) {
 	}
 	if len(s.intern) != 0 {
 		t.Fatalf("intern table holds %d values after the node went", len(s.intern))
+	}
+}
+
+// Nodes filled at different times (each staged with its own trigger) share
+// every resource's common slot: the trigger is kept once per node, not as
+// an exception per (node, resource). Each node still reports its own
+// trigger, a later Set's trigger replaces it, and a restage keeps the
+// trigger of what did not change.
+func TestFilledNodesShareResources(t *testing.T) {
+	s := NewStore()
+	res := []*vsplanev1.Resource{svcRes(t, "a", "198.18.0.1"), svcRes(t, "b", "198.18.0.2")}
+	const nodes = 5
+	for i := range nodes {
+		var b Batch
+		node := fmt.Sprintf("n%d", i)
+		b.StageNode(node, time.Unix(int64(100+i), 0))
+		for _, r := range res {
+			b.Fill(node, r)
+		}
+		b.PublishNode(node)
+		s.Commit(&b)
+	}
+	if st := s.Stats(); st != (Stats{Nodes: nodes, Slots: 2 * nodes, Distinct: 2}) {
+		t.Fatalf("stats %+v, want no exceptions", st)
+	}
+	for i := range nodes {
+		node := fmt.Sprintf("n%d", i)
+		if got := s.TriggerTime(node, "service/ns/a"); !got.Equal(time.Unix(int64(100+i), 0)) {
+			t.Fatalf("%s: trigger %v, want its stage trigger", node, got)
+		}
+	}
+	// A change of b reaching every node carries the change's trigger.
+	var b Batch
+	b2 := svcRes(t, "b", "198.18.0.3")
+	for i := range nodes {
+		b.Set(fmt.Sprintf("n%d", i), b2, time.Unix(200, 0))
+	}
+	s.Commit(&b)
+	if got := s.TriggerTime("n3", "service/ns/b"); !got.Equal(time.Unix(200, 0)) {
+		t.Fatalf("trigger after a change %v", got)
+	}
+	if got := s.TriggerTime("n3", "service/ns/a"); !got.Equal(time.Unix(103, 0)) {
+		t.Fatalf("unchanged a: trigger %v", got)
+	}
+	// Restaging n1 (zone change) with the same content keeps the triggers
+	// the node had.
+	b = Batch{}
+	b.StageNode("n1", time.Unix(300, 0))
+	b.Fill("n1", res[0])
+	b.Fill("n1", b2)
+	b.PublishNode("n1")
+	if st := s.Commit(&b); st.Changed != 0 {
+		t.Fatalf("restage with the same content changed %d names", st.Changed)
+	}
+	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(time.Unix(101, 0)) {
+		t.Fatalf("restaged a: trigger %v, want the first stage's", got)
+	}
+	if got := s.TriggerTime("n1", "service/ns/b"); !got.Equal(time.Unix(200, 0)) {
+		t.Fatalf("restaged b: trigger %v, want the change's", got)
+	}
+	// Fill on a published node is a Set without a trigger.
+	b = Batch{}
+	b.Fill("n2", svcRes(t, "c", "198.18.0.4"))
+	s.Commit(&b)
+	if got := s.TriggerTime("n2", "service/ns/c"); !got.IsZero() {
+		t.Fatalf("Fill on a published node: trigger %v, want none", got)
 	}
 }
