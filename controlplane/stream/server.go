@@ -139,6 +139,8 @@ type Server struct {
 	reg   *Registry
 	// unknown counts streams waiting for a node not in the desired state.
 	unknown atomic.Int64
+	// wire encodes each shared resource once for every stream (encode.go).
+	wire wireCache
 
 	shutdownOnce sync.Once
 	shutdown     chan struct{}

@@ -102,13 +102,14 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 	if p, ok := peer.FromContext(stream.Context()); ok && p.Addr != nil {
 		peerAddr = p.Addr.String()
 	}
-	held := make(map[string]string, len(hello.GetResourceVersions()))
-	for name, v := range hello.GetResourceVersions() {
-		if name == "" {
-			continue // cannot be upserted or removed by name; ignore
-		}
-		held[name] = v
+	// The Hello's own map becomes the session's: a reconnecting fleet's
+	// Hellos hold every version each agent has, and a copy per stream
+	// doubled the replica's heap in a reconnect storm (e2e/fanout).
+	held := hello.GetResourceVersions()
+	if held == nil {
+		held = map[string]string{}
 	}
+	delete(held, "") // cannot be upserted or removed by name; ignore
 	st := &agentState{
 		replaced:       make(chan struct{}),
 		node:           node,
@@ -204,9 +205,14 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 		for {
 			select {
 			case m := <-ss.sendq:
+				enc, err := ss.s.wire.encode(m)
+				if err != nil {
+					sendErr <- status.Errorf(codes.Internal, "encoding a Delta: %v", err)
+					return
+				}
 				// Blocks while the agent does not read (gRPC flow control);
 				// returning from the handler unblocks it.
-				if err := stream.Send(m); err != nil {
+				if err := stream.SendMsg(enc); err != nil {
 					sendErr <- err
 					return
 				}

@@ -204,6 +204,10 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		grpc.ChainStreamInterceptor(streams...),
 		grpc.KeepaliveParams(kp),
 		grpc.KeepaliveEnforcementPolicy(kep),
+		grpc.ForceServerCodecV2(newCodec()),
+		// Each connection returns its write buffer to a pool after a
+		// flush: a replica holds a thousand mostly idle agent streams.
+		grpc.SharedWriteBuffer(true),
 	}
 	if opts.TLS != nil {
 		so = append(so, grpc.Creds(credentials.NewTLS(opts.TLS)))
