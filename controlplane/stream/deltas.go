@@ -191,7 +191,7 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 	ss.nonce++
 	d := &inflightDelta{
 		nonce:    strconv.FormatUint(ss.nonce, 10),
-		upserts:  make(map[string]string, len(upserts)),
+		upserts:  upserts,
 		removed:  removed,
 		triggers: map[string]time.Time{},
 	}
@@ -202,7 +202,6 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 		Removed:       removed,
 	}
 	for _, r := range upserts {
-		d.upserts[r.GetName()] = r.GetVersion()
 		if t := ss.s.src.TriggerTime(ss.node, r.GetName()); !t.IsZero() {
 			d.triggers[r.GetName()] = t
 			if delta.TriggerTimes == nil {
@@ -215,8 +214,8 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 	// Never blocks: the queue's capacity is MaxInFlight and every queued
 	// Delta is in flight.
 	ss.sendq <- &vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_Delta{Delta: delta}}
-	for name, v := range d.upserts {
-		ss.sent[name] = v
+	for _, r := range upserts {
+		ss.sent[r.GetName()] = r.GetVersion()
 	}
 	ss.st.mu.Lock()
 	for _, name := range removed {

@@ -20,7 +20,9 @@ import (
 // inflightDelta is a Delta sent but not yet answered.
 type inflightDelta struct {
 	nonce    string
-	upserts  map[string]string // name -> version sent
+	// upserts are the Delta's resources (its own slice, shared: names are
+	// unique within a Delta).
+	upserts  []*vsplanev1.Resource
 	removed  []string
 	sentAt   time.Time
 	triggers map[string]time.Time
@@ -395,7 +397,8 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 	if ss.st.nackErrs == nil {
 		ss.st.nackErrs = map[string]string{}
 	}
-	for name, v := range d.upserts {
+	for _, r := range d.upserts {
+		name, v := r.GetName(), r.GetVersion()
 		if e, bad := failed[name]; bad || allFailed {
 			ss.nacked[name] = v
 			msg := "NACK without a message for this resource"
