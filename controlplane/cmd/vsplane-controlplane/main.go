@@ -27,6 +27,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/internal/bearer"
+	"github.com/vsplane/vsplane/internal/memlimit"
 	"github.com/vsplane/vsplane/internal/tlsfiles"
 	"github.com/vsplane/vsplane/internal/wire"
 )
@@ -72,6 +73,11 @@ func run() error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	if soft, err := memlimit.Set(memlimit.CgroupFiles); err != nil {
+		log.Warn("reading the container's memory limit", zap.Error(err))
+	} else if soft > 0 {
+		log.Info("Go memory limit set from the container's", zap.Int64("bytes", soft), zap.Float64("fraction", memlimit.Fraction))
+	}
 
 	src := config.Source{Path: *configFile, Flags: flag.CommandLine}
 	loaded, err := src.Load()
