@@ -55,11 +55,11 @@ func (ss *session) sendNext() (bool, error) {
 		}
 		ss.nodeKnown()
 		sysVersion, ss.lastSys = sv, sv
-		set := make(map[string]struct{}, len(res)+len(ss.sent))
+		set := make(map[string]struct{}, len(res)+len(ss.st.sent))
 		for _, r := range res {
 			set[r.GetName()] = struct{}{}
 		}
-		for n := range ss.sent {
+		for n := range ss.st.sent {
 			set[n] = struct{}{}
 		}
 		for _, name := range slices.Sorted(maps.Keys(set)) {
@@ -171,7 +171,7 @@ func (ss *session) leaveUnknown() {
 func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
 	upserts []*vsplanev1.Resource, removed []string) ([]*vsplanev1.Resource, []string) {
 	if found {
-		if v, ok := ss.sent[name]; ok && v == r.GetVersion() {
+		if v, ok := ss.st.sent[name]; ok && v == r.GetVersion() {
 			return upserts, removed
 		}
 		if v, ok := ss.nacked[name]; ok && v == r.GetVersion() {
@@ -179,7 +179,7 @@ func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
 		}
 		return append(upserts, r), removed
 	}
-	if _, held := ss.sent[name]; held {
+	if _, held := ss.st.sent[name]; held {
 		removed = append(removed, name)
 	}
 	return upserts, removed
@@ -214,12 +214,12 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 	// Never blocks: the queue's capacity is MaxInFlight and every queued
 	// Delta is in flight.
 	ss.sendq <- &vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_Delta{Delta: delta}}
-	for _, r := range upserts {
-		ss.sent[r.GetName()] = r.GetVersion()
-	}
 	ss.st.mu.Lock()
+	for _, r := range upserts {
+		ss.st.setSent(r.GetName(), r.GetVersion(), true)
+	}
 	for _, name := range removed {
-		delete(ss.sent, name)
+		ss.st.setSent(name, "", false)
 		delete(ss.nacked, name)
 		delete(ss.st.nackErrs, name)
 	}

@@ -33,7 +33,10 @@ type agentState struct {
 	peer           string
 	connectedSince time.Time
 	capabilities   *vsplanev1.Capabilities
-	acked          map[string]string
+	// sent and ackDiff: what the agent holds once its Deltas apply, and
+	// where its acknowledged state differs (acked.go).
+	sent    map[string]string
+	ackDiff map[string]ackedVersion
 	// nackErrs: name -> "version: message" of the versions the agent
 	// NACKed and has not applied since.
 	nackErrs      map[string]string
@@ -196,12 +199,12 @@ func (st *agentState) baseInfoAt(names []string) (*vsplanev1.AgentInfo, string) 
 		LastNackError:  st.lastNackError,
 	}
 	if names == nil {
-		info.AcknowledgedVersions = maps.Clone(st.acked)
+		info.AcknowledgedVersions = st.ackedAll()
 		info.Nacked = maps.Clone(st.nackErrs)
 	} else {
 		info.AcknowledgedVersions = map[string]string{}
 		for _, n := range names {
-			if v, ok := st.acked[n]; ok {
+			if v, ok := st.ackedOf(n); ok {
 				info.AcknowledgedVersions[n] = v
 			}
 			if e, ok := st.nackErrs[n]; ok {

@@ -19,7 +19,7 @@ import (
 
 // inflightDelta is a Delta sent but not yet answered.
 type inflightDelta struct {
-	nonce    string
+	nonce string
 	// upserts are the Delta's resources (its own slice, shared: names are
 	// unique within a Delta).
 	upserts  []*vsplanev1.Resource
@@ -44,9 +44,6 @@ type session struct {
 	// sendq feeds the sender goroutine (capacity MaxInFlight).
 	sendq chan *vsplanev1.ConnectResponse
 
-	// sent is what the agent holds or will hold once in-flight Deltas apply:
-	// name -> version (seeded from Hello).
-	sent map[string]string
 	// nacked is name -> version the agent NACKed; not resent until changed.
 	nacked map[string]string
 	dirty  map[string]struct{}
@@ -119,7 +116,7 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		peer:           peerAddr,
 		connectedSince: time.Now(),
 		capabilities:   hello.GetCapabilities(),
-		acked:          maps.Clone(held),
+		sent:           held, // acknowledged too: ackDiff is empty
 	}
 	log := s.log.With(zap.String("node", node), zap.String("peer", peerAddr))
 	// Subscribe before the first List (contract), and before registering so
@@ -134,8 +131,8 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 	}
 	return &session{
 		s: s, log: log, node: node, st: st, sub: sub,
-		sendq: make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
-		sent:  held, nacked: map[string]string{}, dirty: map[string]struct{}{},
+		sendq:  make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
+		nacked: map[string]string{}, dirty: map[string]struct{}{},
 		needFull: true,
 		rate:     newApplyRate(s.opts.TargetApplyTime, s.opts.MinDeltaOps, s.opts.MaxDeltaOps),
 	}, nil
@@ -341,7 +338,7 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 			if nv, ok := ss.nacked[name]; ok && nv == v {
 				delete(ss.nacked, name)
 				delete(ss.st.nackErrs, name)
-				ss.st.acked[name] = v
+				ss.st.setAcked(name, v, true)
 				healed = append(healed, name)
 			}
 		}
@@ -408,7 +405,7 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 			ss.st.nackErrs[name] = v + ": " + msg
 			continue
 		}
-		ss.st.acked[name] = v
+		ss.st.setAcked(name, v, true)
 		delete(ss.nacked, name)
 		delete(ss.st.nackErrs, name)
 	}
@@ -416,7 +413,7 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		if _, bad := failed[name]; bad || allFailed {
 			continue
 		}
-		delete(ss.st.acked, name)
+		ss.st.setAcked(name, "", false)
 	}
 	nacked := ack.GetStatus() == vsplanev1.AckStatus_ACK_STATUS_NACK
 	var summary string
@@ -468,7 +465,7 @@ func (ss *session) noteInSync() {
 		return // maybeSend sends them
 	}
 	ss.st.mu.Lock()
-	if len(ss.st.acked) == len(ss.sent) {
+	if len(ss.st.ackDiff) == 0 {
 		ss.st.inSyncAt, ss.inSync = ss.lastSys, true
 	}
 	ss.st.mu.Unlock()
