@@ -85,7 +85,9 @@ func (e *env) acknowledgedIsDesired(node string) bool {
 }
 
 // holdSlot sends a change and returns its Delta unacknowledged, so that the
-// changes made before releasing it coalesce into one pending set.
+// changes made before releasing it coalesce into one pending set. It holds
+// the stream's only slot when the test runs with MaxInFlight 1 (with more,
+// a change could go out at once, depending on timing).
 func (e *env) holdSlot(a *agent, node string) *vsplanev1.Delta {
 	e.t.Helper()
 	e.src.Set(node, "node/settings", fmt.Sprintf("hold-%d", time.Now().UnixNano()), time.Time{})
@@ -107,7 +109,7 @@ func (e *env) release(a *agent, node string, held *vsplanev1.Delta) {
 
 func TestBurstGoesOutInBoundedDeltas(t *testing.T) {
 	const budget = 20
-	e := newEnvOpts(t, false, stream.Options{MinDeltaOps: 1, MaxDeltaOps: budget})
+	e := newEnvOpts(t, false, stream.Options{MaxInFlight: 1, MinDeltaOps: 1, MaxDeltaOps: budget})
 	e.src.Set("n1", "node/settings", "s1", time.Time{})
 	a := e.open()
 	a.hello("n1", nil)
@@ -173,7 +175,7 @@ func (e *env) triggerOf(name string) time.Time { return e.src.TriggerTime("n1", 
 // Removals wait for the last of the pending upserts, which may replace what
 // they take away; removals alone go at once, however many.
 func TestRemovalsRideWithTheLastUpserts(t *testing.T) {
-	e := newEnvOpts(t, false, stream.Options{MinDeltaOps: 1, MaxDeltaOps: 10})
+	e := newEnvOpts(t, false, stream.Options{MaxInFlight: 1, MinDeltaOps: 1, MaxDeltaOps: 10})
 	for _, n := range []string{"m-old1", "m-old2"} {
 		e.src.Set("n1", "service/default/"+n, "o1", t0)
 	}
@@ -285,7 +287,7 @@ func TestColdFirstDeltaIsSplit(t *testing.T) {
 // A name changed while it waits in the burst goes out once, at its newest
 // version; one already sent is sent again.
 func TestChangeDuringBurstSentAtNewestVersion(t *testing.T) {
-	e := newEnvOpts(t, false, stream.Options{MinDeltaOps: 1, MaxDeltaOps: 10})
+	e := newEnvOpts(t, false, stream.Options{MaxInFlight: 1, MinDeltaOps: 1, MaxDeltaOps: 10})
 	for i := range 30 {
 		e.src.Set("n1", fmt.Sprintf("service/default/s%02d", i), "v1", t0)
 	}

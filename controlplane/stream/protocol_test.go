@@ -151,7 +151,8 @@ func TestNackedVersionNotResentUntilChanged(t *testing.T) {
 }
 
 func TestSlowAgentGetsCoalescedDelta(t *testing.T) {
-	e := newEnv(t, false)
+	// One Delta in flight: while it is unacknowledged nothing else can go.
+	e := newEnvOpts(t, false, stream.Options{MaxInFlight: 1})
 	e.src.Set("n1", "service/default/a", "a1", t0)
 	a := e.open()
 	a.hello("n1", nil)
