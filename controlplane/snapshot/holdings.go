@@ -1,6 +1,10 @@
 package snapshot
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/vsplane/vsplane/internal/wire"
+)
 
 // Who holds what, stored by resource name rather than by node.
 //
@@ -128,7 +132,7 @@ func (s *Store) hold(st *nodeState, name string, sl slot) {
 		ns.common, ns.trig = sl.e, sl.trigger
 	}
 	st.held++
-	xor(&st.sys, &sl.e.pair)
+	wire.XORInto(&st.sys, sl.e.pair)
 	if sl.e == ns.common && sl.trigger == ns.trig {
 		ns.followers.set(st.id)
 		ns.nFollow++
@@ -159,7 +163,7 @@ func (s *Store) unhold(st *nodeState, name string, ns *nameState) {
 		return
 	}
 	st.held--
-	xor(&st.sys, &e.pair)
+	wire.XORInto(&st.sys, e.pair)
 	s.release(e)
 	switch {
 	case ns.nFollow+ns.nExc == 0:

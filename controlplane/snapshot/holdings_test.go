@@ -143,7 +143,9 @@ func checkAgainstModel(t *testing.T, round int, s *Store, m *model, nodes []stri
 			sum := sha256.Sum256([]byte(name + "\x00" + sl.version))
 			var pair [16]byte
 			copy(pair[:], sum[:16])
-			xor(&x, &pair)
+			for i := range x {
+				x[i] ^= pair[i]
+			}
 		}
 		slices.Sort(wantNames)
 		if g := names(got); !slices.Equal(g, wantNames) {

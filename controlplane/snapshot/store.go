@@ -85,8 +85,8 @@ type internKey struct{ name, version string }
 type internEntry struct {
 	res  *vsplanev1.Resource
 	refs int
-	// pair is hash(name, version), XORed into the system version of every
-	// node holding this entry; computed once per distinct value.
+	// pair is wire.PairHash(name, version), XORed into the system version
+	// of every node holding this entry; computed once per distinct value.
 	pair [16]byte
 }
 
@@ -404,8 +404,7 @@ func (s *Store) acquire(res *vsplanev1.Resource) *internEntry {
 	e, ok := s.intern[k]
 	if !ok {
 		e = &internEntry{res: res}
-		sum := sha256.Sum256([]byte(k.name + "\x00" + k.version))
-		copy(e.pair[:], sum[:16])
+		e.pair = wire.PairHash(k.name, k.version)
 		s.intern[k] = e
 	}
 	e.refs++
@@ -416,12 +415,6 @@ func (s *Store) release(e *internEntry) {
 	e.refs--
 	if e.refs == 0 {
 		delete(s.intern, internKey{e.res.GetName(), e.res.GetVersion()})
-	}
-}
-
-func xor(dst, src *[16]byte) {
-	for i := range dst {
-		dst[i] ^= src[i]
 	}
 }
 
@@ -441,7 +434,7 @@ func (s *Store) List(node string) ([]*vsplanev1.Resource, string, bool) {
 		}
 	}
 	slices.SortFunc(out, func(a, b *vsplanev1.Resource) int { return cmp.Compare(a.Name, b.Name) })
-	return out, hex.EncodeToString(ns.sys[:]), true
+	return out, wire.FormatSystemVersion(ns.sys), true
 }
 
 // Lookup returns node's resources among names (absent names are left out)
@@ -459,7 +452,7 @@ func (s *Store) Lookup(node string, names []string) ([]*vsplanev1.Resource, stri
 			out = append(out, sl.e.res)
 		}
 	}
-	return out, hex.EncodeToString(ns.sys[:]), true
+	return out, wire.FormatSystemVersion(ns.sys), true
 }
 
 // Has reports whether node is published (known).

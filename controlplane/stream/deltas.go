@@ -20,6 +20,9 @@ import (
 // most MaxInFlight Deltas are queued or in gRPC, and the queue holds that
 // many.
 func (ss *session) maybeSend() error {
+	if !ss.versionsAsked.IsZero() {
+		return nil // nothing goes out before the agent says what it holds
+	}
 	for len(ss.inflight) < ss.s.opts.MaxInFlight && (ss.needFull || len(ss.dirty) > 0) {
 		queued, err := ss.sendNext()
 		if err != nil || !queued {
@@ -54,6 +57,9 @@ func (ss *session) sendNext() (bool, error) {
 			return false, ss.nodeUnknown()
 		}
 		ss.nodeKnown()
+		if ss.resume != "" && !ss.resumed(res, sv) {
+			return false, nil // asked for the agent's versions instead
+		}
 		sysVersion, ss.lastSys = sv, sv
 		set := make(map[string]struct{}, len(res)+len(ss.st.sent))
 		for _, r := range res {
@@ -163,6 +169,32 @@ func (ss *session) leaveUnknown() {
 		ss.unknownSince = time.Time{}
 		ss.s.unknown.Add(-1)
 	}
+}
+
+// resumed settles a Hello that gave a system version instead of versions:
+// if it is the node's, the agent holds exactly res (sent becomes res, and
+// the first Delta is empty); if not, a VersionsRequest goes out and
+// resumed reports false. Either way it happens once per stream.
+func (ss *session) resumed(res []*vsplanev1.Resource, sv string) bool {
+	claimed, count := ss.resume, ss.resumeCount
+	ss.resume = ""
+	if claimed == sv && int(count) == len(res) {
+		ss.st.mu.Lock()
+		for _, r := range res {
+			ss.st.sent[r.GetName()] = r.GetVersion() // shares the store's strings
+		}
+		ss.st.mu.Unlock()
+		ss.log.Info("agent resumed by system version: it holds the node's desired state",
+			zap.String("systemVersion", sv), zap.Int("resources", len(res)))
+		return true
+	}
+	ss.log.Info("agent's system version is not the node's; asking for its versions",
+		zap.String("agentSystemVersion", claimed), zap.Uint32("agentResources", count),
+		zap.String("systemVersion", sv), zap.Int("resources", len(res)))
+	ss.versionsAsked = time.Now()
+	// The queue has room: nothing is in flight before the first Delta.
+	ss.sendq <- &vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_VersionsRequest{VersionsRequest: &vsplanev1.VersionsRequest{}}}
+	return false
 }
 
 // decide appends name to upserts or removed if the agent needs it: desired

@@ -30,8 +30,13 @@ type ConnectEvent struct {
 	Node         string
 	AgentVersion string
 	Peer         string
-	// HeldResources is the number of resources the agent reported in Hello.
+	// HeldResources is the number of resources the agent reported in Hello
+	// (listed, or counted beside HeldSystemVersion).
 	HeldResources int
+	// HeldSystemVersion is the Hello's held_system_version: the agent
+	// resumes by system version instead of listing its versions ("": it
+	// listed them).
+	HeldSystemVersion string
 	// Replaced is true when an older stream for the same node was closed.
 	Replaced bool
 }

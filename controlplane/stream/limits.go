@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -14,8 +15,9 @@ import (
 // Limits on what an agent may send. A legitimate agent stays far below
 // them; they bound what one stream can make this server hold or do.
 const (
-	// MaxHeldResources bounds Hello.resource_versions and
-	// AgentStatus.recovered (a node holds one resource per Service).
+	// MaxHeldResources bounds Hello.resource_versions (and held_count),
+	// HeldVersions and AgentStatus.recovered (a node holds one resource per
+	// Service).
 	MaxHeldResources = 1 << 20
 	// MaxResourceNameLength bounds one name in Hello.resource_versions
 	// ("service/" + a 63-character namespace + "/" + a 253-character name
@@ -92,10 +94,7 @@ func checkNodeName(node string) error {
 		return invalid("Hello.node_name must not be empty")
 	}
 	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
-		if len(node) > 64 {
-			node = node[:64] + "..."
-		}
-		return invalid("Hello.node_name %q is not a valid Node name: %s", node, errs[0])
+		return invalid("Hello.node_name %q is not a valid Node name: %s", truncate(node, 64), errs[0])
 	}
 	return nil
 }
@@ -104,15 +103,42 @@ func checkHello(h *vsplanev1.Hello) error {
 	if err := checkNodeName(h.GetNodeName()); err != nil {
 		return err
 	}
-	if n := len(h.GetResourceVersions()); n > MaxHeldResources {
-		return invalid("Hello lists %d resources; at most %d", n, MaxHeldResources)
+	if err := checkVersions("Hello.resource_versions", h.GetResourceVersions()); err != nil {
+		return err
 	}
-	for name, v := range h.GetResourceVersions() {
-		if len(name) > MaxResourceNameLength || len(v) > MaxResourceNameLength {
-			return invalid("Hello.resource_versions has a name or version longer than %d bytes", MaxResourceNameLength)
+	if sv := h.GetHeldSystemVersion(); sv != "" {
+		if len(h.GetResourceVersions()) > 0 {
+			return invalid("Hello carries both resource_versions and held_system_version; send one")
+		}
+		if b, err := hex.DecodeString(sv); err != nil || len(b) != 16 {
+			return invalid("Hello.held_system_version %q is not a system version (32 hex digits)", truncate(sv, 40))
+		}
+		if n := h.GetHeldCount(); n > MaxHeldResources {
+			return invalid("Hello.held_count is %d; at most %d", n, MaxHeldResources)
 		}
 	}
 	return nil
+}
+
+// checkVersions bounds a name -> version map an agent sends (what field
+// names it in the error).
+func checkVersions(field string, versions map[string]string) error {
+	if n := len(versions); n > MaxHeldResources {
+		return invalid("%s lists %d resources; at most %d", field, n, MaxHeldResources)
+	}
+	for name, v := range versions {
+		if len(name) > MaxResourceNameLength || len(v) > MaxResourceNameLength {
+			return invalid("%s has a name or version longer than %d bytes", field, MaxResourceNameLength)
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }
 
 func checkAck(ack *vsplanev1.Ack, d *inflightDelta) error {

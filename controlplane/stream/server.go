@@ -16,6 +16,14 @@
 //     nothing, the rest follows in further Deltas (see below). This first
 //     Delta is ALWAYS sent for a known node, even when it carries nothing:
 //     an empty first Delta means "you are in sync".
+//   - Every stream announces wire.ResumeBySystemVersionHeader in its
+//     response headers. A Hello may carry held_system_version (and
+//     held_count) instead of resource_versions, never both: if they equal
+//     the node's system version and size, the agent holds the node's
+//     desired state and the first Delta is empty; otherwise the first
+//     message is a VersionsRequest, nothing else is sent until HeldVersions
+//     answers it (within HelloTimeout, else InvalidArgument), and its
+//     versions count as the Hello's.
 //     replace_all is never set; removals are always explicit.
 //   - If the node is unknown to the Source, the stream stays open and nothing
 //     is sent (the agent stays fail-static) until the node appears; then a

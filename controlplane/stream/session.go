@@ -11,9 +11,11 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -52,7 +54,14 @@ type session struct {
 	needFull bool
 	// firstSent: the first Delta (possibly empty) went out.
 	firstSent bool
-	known     bool
+	// resume is the Hello's held_system_version (the agent listed no
+	// versions), checked against the node's by the first full pass;
+	// versionsAsked is when a VersionsRequest went out instead (zero: none
+	// outstanding). Nothing else is sent until HeldVersions answers it.
+	resume        string
+	resumeCount   uint32
+	versionsAsked time.Time
+	known         bool
 	// unknownSince is when the stream started waiting for its node to
 	// appear in the Source (zero: not waiting).
 	unknownSince time.Time
@@ -77,6 +86,11 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 			return nil, err
 		}
 		authNode = n
+	}
+	// Announced on every stream, with its first message: an agent may
+	// resume its next stream by system version (agent.proto).
+	if err := stream.SetHeader(metadata.Pairs(wire.ResumeBySystemVersionHeader, "1")); err != nil {
+		return nil, err
 	}
 	first, err := s.recvHello(stream)
 	if err != nil {
@@ -109,6 +123,10 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		held = map[string]string{}
 	}
 	delete(held, "") // cannot be upserted or removed by name; ignore
+	heldCount := len(held)
+	if hello.GetHeldSystemVersion() != "" {
+		heldCount = int(hello.GetHeldCount())
+	}
 	st := &agentState{
 		replaced:       make(chan struct{}),
 		node:           node,
@@ -124,17 +142,18 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 	sub := s.src.Subscribe(node)
 	replaced := s.reg.register(st)
 	log.Info("agent connected", zap.String("agentVersion", st.agentVersion),
-		zap.Int("heldResources", len(held)), zap.Bool("replacedOlderStream", replaced))
+		zap.Int("heldResources", heldCount), zap.String("heldSystemVersion", hello.GetHeldSystemVersion()),
+		zap.Bool("replacedOlderStream", replaced))
 	if s.hooks.OnConnect != nil {
 		s.hooks.OnConnect(ConnectEvent{Node: node, AgentVersion: st.agentVersion, Peer: peerAddr,
-			HeldResources: len(held), Replaced: replaced})
+			HeldResources: heldCount, HeldSystemVersion: hello.GetHeldSystemVersion(), Replaced: replaced})
 	}
 	return &session{
 		s: s, log: log, node: node, st: st, sub: sub,
 		sendq:  make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
 		nacked: map[string]string{}, dirty: map[string]struct{}{},
-		needFull: true,
-		rate:     newApplyRate(s.opts.TargetApplyTime, s.opts.MinDeltaOps, s.opts.MaxDeltaOps),
+		needFull: true, resume: hello.GetHeldSystemVersion(), resumeCount: hello.GetHeldCount(),
+		rate: newApplyRate(s.opts.TargetApplyTime, s.opts.MinDeltaOps, s.opts.MaxDeltaOps),
 	}, nil
 }
 
@@ -300,6 +319,15 @@ func (ss *session) deadline() (time.Time, func() error) {
 				"no Ack for Delta %s (%d resources, %d removals) within %v", d.nonce, len(d.upserts), len(d.removed), ss.s.opts.AckTimeout)
 		}
 	}
+	if !ss.versionsAsked.IsZero() {
+		if v := ss.versionsAsked.Add(ss.s.opts.HelloTimeout); at.IsZero() || v.Before(at) {
+			at = v
+			why = func() error {
+				return closeErr(ReasonHelloTimeout, codes.InvalidArgument,
+					"no HeldVersions within %v of the VersionsRequest", ss.s.opts.HelloTimeout)
+			}
+		}
+	}
 	if !ss.unknownSince.IsZero() {
 		if u := ss.unknownSince.Add(ss.s.opts.UnknownNodeTimeout); at.IsZero() || u.Before(at) {
 			at = u
@@ -351,11 +379,35 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 			ss.log.Info("agent recovered NACKed resources by retrying", zap.Strings("resources", healed))
 		}
 		return nil
+	case *vsplanev1.ConnectRequest_HeldVersions:
+		return ss.handleHeldVersions(msg.HeldVersions)
 	case *vsplanev1.ConnectRequest_Hello:
 		return invalid("Hello sent twice on one stream")
 	default:
 		return invalid("ConnectRequest without a message")
 	}
+}
+
+// handleHeldVersions takes the agent's answer to a VersionsRequest as what
+// it holds, as a full Hello would have said; the first Delta follows.
+func (ss *session) handleHeldVersions(hv *vsplanev1.HeldVersions) error {
+	if ss.versionsAsked.IsZero() {
+		return invalid("HeldVersions without a VersionsRequest")
+	}
+	held := hv.GetResourceVersions()
+	if err := checkVersions("HeldVersions.resource_versions", held); err != nil {
+		return err
+	}
+	if held == nil {
+		held = map[string]string{}
+	}
+	delete(held, "")
+	ss.versionsAsked = time.Time{}
+	ss.st.mu.Lock()
+	ss.st.sent = held // acknowledged too: nothing was sent, ackDiff is empty
+	ss.st.mu.Unlock()
+	ss.log.Info("agent listed the versions it holds", zap.Int("heldResources", len(held)))
+	return nil
 }
 
 func (ss *session) handleAck(ack *vsplanev1.Ack) error {

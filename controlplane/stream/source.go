@@ -19,8 +19,9 @@ type Source interface {
 	// yet (they may appear later).
 	Subscribe(node string) Subscription
 	// List returns node's current desired resources sorted by name, plus the
-	// node's system version (opaque string that changes whenever any
-	// resource changes; two reads of one version saw the same resources).
+	// node's system version: internal/wire.SystemVersion of those
+	// resources, so equal versions mean equal resources, and an agent that
+	// reports the node's system version in its Hello holds exactly them.
 	// Unknown node -> nil, "", false. Returned resources are shared and
 	// immutable.
 	List(node string) (resources []*vsplanev1.Resource, systemVersion string, ok bool)

@@ -12,12 +12,13 @@ import (
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/internal/grpcserver"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // TestWithRealSnapshotStore runs the protocol against *snapshot.Store (via
-// Adapt) over a real socket: initial state, resume with zero resources, and
-// only the changed Service after an update.
+// Adapt) over a real socket: initial state, resume with zero resources,
+// only the changed Service after an update, and resume by system version.
 func TestWithRealSnapshotStore(t *testing.T) {
 	st := snapshot.NewStore()
 	settings, err := snapshot.NewNodeSettingsResource(&vsplanev1.NodeSettings{DefaultScheduler: "rr"})
@@ -86,4 +87,17 @@ func TestWithRealSnapshotStore(t *testing.T) {
 	st.Commit(&b)
 	d = a.delta()
 	expectDelta(t, d, []string{"service/default/b@" + nb.GetVersion()}, nil)
+	a.ack(d.GetNonce())
+	held["service/default/b"] = nb.GetVersion()
+	if want := wire.SystemVersion(held); d.GetSystemVersion() != want {
+		t.Fatalf("the store's system version is %s; the agent computes %s for the same versions", d.GetSystemVersion(), want)
+	}
+	a.cancel()
+
+	// Resume by system version: the store's is the agent's, so nothing is
+	// sent and nothing is asked.
+	a = e.open()
+	a.helloBySystemVersion("n1", held)
+	d = a.delta()
+	expectDelta(t, d, nil, nil)
 }

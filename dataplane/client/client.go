@@ -6,7 +6,13 @@
 // Fail-static: while disconnected the client applies nothing and deletes
 // nothing; the kernel keeps whatever was last programmed. On reconnect the
 // Hello carries Applier.Versions(), so the control plane sends only what
-// changed meanwhile.
+// changed meanwhile. Once a control plane announced that it resumes by
+// system version (internal/wire.ResumeBySystemVersionHeader), the next
+// Hellos carry only the system version of those versions: a fleet
+// reconnecting after a replica is lost uploads a few bytes per node
+// instead of every version, and lists them only when asked
+// (VersionsRequest). A digest sent to a control plane that did not announce
+// it is never acted on: that stream is left and the next one lists.
 //
 // Several control-plane replicas can be given (Config.Targets): every
 // reconnect goes to another one, chosen at random, so agents spread over
@@ -39,6 +45,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -112,6 +119,9 @@ type Client struct {
 	log       *zap.Logger
 	connected atomic.Bool
 	guard     removalGuard
+	// resumeBySys: the last stream's control plane announced that it
+	// resumes by system version, so the next Hello may send only that.
+	resumeBySys atomic.Bool
 
 	statusMu   sync.Mutex
 	lastStatus *vsplanev1.AgentStatus
@@ -286,20 +296,21 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 		defer sendMu.Unlock()
 		return st.Send(m)
 	}
-	held, err := c.sendHello(send)
+	held, bySys, err := c.sendHello(send)
 	if err != nil {
 		return false, err
 	}
 	c.connected.Store(true)
 	defer c.connected.Store(false)
-	c.log.Info("agent stream open", zap.String("target", target), zap.Int("heldResources", held))
+	c.log.Info("agent stream open", zap.String("target", target), zap.Int("heldResources", held),
+		zap.Bool("resumeBySystemVersion", bySys))
 	go c.sendStatuses(sctx, send)
 
 	// A replica still computing its first full state holds the stream; do
 	// not wait for it forever when another may be ready.
 	firstDelta := time.AfterFunc(c.cfg.FirstDeltaTimeout, cancel)
 	defer firstDelta.Stop()
-	first := true
+	first, firstResponse := true, true
 	for {
 		resp, err := st.Recv()
 		if err != nil {
@@ -310,6 +321,31 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 				err = errors.New("control plane closed the stream")
 			}
 			return healthy, err
+		}
+		if firstResponse {
+			firstResponse = false
+			// The headers came with this first message.
+			md, _ := st.Header()
+			announced := len(md.Get(wire.ResumeBySystemVersionHeader)) > 0
+			c.resumeBySys.Store(announced)
+			if bySys && !announced {
+				// An older control plane took the Hello as "holds nothing"
+				// and would never send removals for what is held: apply
+				// nothing from it and list every version next time.
+				return true, fmt.Errorf("%s does not resume by system version (an older control plane?); reconnecting with every held version", target)
+			}
+		}
+		if resp.GetVersionsRequest() != nil {
+			if !bySys || !first {
+				return healthy, fmt.Errorf("unexpected VersionsRequest from %s", target)
+			}
+			versions := c.cfg.Applier.Versions()
+			c.log.Info("control plane asked for every held version", zap.Int("heldResources", len(versions)))
+			if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_HeldVersions{
+				HeldVersions: &vsplanev1.HeldVersions{ResourceVersions: versions}}}); err != nil {
+				return false, fmt.Errorf("send HeldVersions: %w", err)
+			}
+			continue
 		}
 		delta := resp.GetDelta()
 		if delta == nil {
@@ -339,21 +375,24 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 	}
 }
 
-// sendHello says which node this is and what it holds; it returns how many
-// resources the Hello listed.
-func (c *Client) sendHello(send func(*vsplanev1.ConnectRequest) error) (int, error) {
-	hello := &vsplanev1.Hello{
-		NodeName:         c.cfg.NodeName,
-		AgentVersion:     c.cfg.AgentVersion,
-		ResourceVersions: c.cfg.Applier.Versions(),
+// sendHello says which node this is and what it holds: every version, or
+// only their system version if the last control plane announced it
+// resumes by one (bySys). It returns how many resources the node holds.
+func (c *Client) sendHello(send func(*vsplanev1.ConnectRequest) error) (held int, bySys bool, err error) {
+	versions := c.cfg.Applier.Versions()
+	hello := &vsplanev1.Hello{NodeName: c.cfg.NodeName, AgentVersion: c.cfg.AgentVersion}
+	if bySys = c.resumeBySys.Load(); bySys {
+		hello.HeldSystemVersion, hello.HeldCount = wire.SystemVersion(versions), uint32(len(versions))
+	} else {
+		hello.ResourceVersions = versions
 	}
 	if c.cfg.Capabilities != nil {
 		hello.Capabilities = c.cfg.Capabilities()
 	}
 	if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Hello{Hello: hello}}); err != nil {
-		return 0, fmt.Errorf("send Hello: %w", err)
+		return 0, bySys, fmt.Errorf("send Hello: %w", err)
 	}
-	return len(hello.ResourceVersions), nil
+	return len(versions), bySys, nil
 }
 
 // sendStatuses sends the current status now, then on every SetStatus,

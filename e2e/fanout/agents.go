@@ -58,7 +58,11 @@ type Agent struct {
 	Kernel    *memory.Kernel
 	Rec       *reconcile.Reconciler
 
-	f            *Fleet
+	f      *Fleet
+	client *client.Client
+	// streamCtx is the context of the client's current run (its end is
+	// not a stream failure).
+	streamCtx    atomic.Pointer[context.Context]
 	clientCancel context.CancelFunc
 	clientDone   chan struct{}
 	streamEnds   atomic.Int64
@@ -105,10 +109,14 @@ func newFleet(ctx context.Context, target string, tlsCfg *tls.Config, nodes, tok
 // Agents returns the agents in node order.
 func (f *Fleet) Agents() []*Agent { return f.agents }
 
-// StartAll starts every agent's stream client at once.
-func (f *Fleet) StartAll(ctx context.Context) error {
+// StartAll starts every agent's stream client at once. With fresh, each
+// agent gets a new client (as a restarted agent process: its first Hello
+// lists every version held); otherwise an agent's client of its last run
+// runs again (as after a lost replica: it resumes by system version once a
+// control plane announced it).
+func (f *Fleet) StartAll(ctx context.Context, fresh bool) error {
 	for _, a := range f.agents {
-		if err := a.start(ctx); err != nil {
+		if err := a.start(ctx, fresh); err != nil {
 			return err
 		}
 	}
@@ -140,8 +148,26 @@ func (f *Fleet) StreamEnds() int64 {
 	return n
 }
 
-func (a *Agent) start(ctx context.Context) error {
+func (a *Agent) start(ctx context.Context, fresh bool) error {
 	cctx, cancel := context.WithCancel(ctx)
+	a.streamCtx.Store(&cctx)
+	if fresh || a.client == nil {
+		if err := a.newClient(); err != nil {
+			cancel()
+			return err
+		}
+	}
+	done := make(chan struct{})
+	a.clientCancel, a.clientDone = cancel, done
+	go func() {
+		defer close(done)
+		_ = a.client.Run(cctx)
+	}()
+	return nil
+}
+
+// newClient builds the agent's stream client.
+func (a *Agent) newClient() error {
 	c, err := client.New(client.Config{
 		Targets:      []string{a.f.target},
 		NodeName:     a.Node,
@@ -157,21 +183,15 @@ func (a *Agent) start(ctx context.Context) error {
 		FirstDeltaTimeout: 10 * time.Minute,
 		DialOptions:       []grpc.DialOption{grpc.WithContextDialer(a.f.dial)},
 		OnStreamEnd: func(err error) {
-			if cctx.Err() == nil {
+			if (*a.streamCtx.Load()).Err() == nil {
 				a.streamEnds.Add(1)
 			}
 		},
 	})
 	if err != nil {
-		cancel()
 		return fmt.Errorf("agent %s: %w", a.Node, err)
 	}
-	done := make(chan struct{})
-	a.clientCancel, a.clientDone = cancel, done
-	go func() {
-		defer close(done)
-		_ = c.Run(cctx)
-	}()
+	a.client = c
 	return nil
 }
 

@@ -369,7 +369,7 @@ func (b *bench) coldStart() {
 	ws := b.fleet.Watch(targets, true)
 	start := b.clk.now()
 	stopHeaps := b.profileHeaps("cold", 3*time.Second)
-	if err := b.fleet.StartAll(b.ctx); err != nil {
+	if err := b.fleet.StartAll(b.ctx, true); err != nil {
 		b.fatalf("%v", err)
 	}
 	if err := ws.Wait(b.ctx, b.o.Timeout); err != nil {
@@ -560,20 +560,31 @@ func (b *bench) burst() {
 		bu.Slices, bu.Writers, bu.WriteSeconds, bu.LatencyP50MS, bu.LatencyP99MS, bu.LatencyMaxMS, bu.Samples, bu.ConvergeSeconds, human(bu.WireBytesToAgents), bu.Deltas)
 }
 
+// reconnect cuts every agent's stream and reopens them all at once, twice:
+// first with new clients (every agent process restarted: the Hellos list
+// every version held), the baseline; then with the same clients (a replica
+// lost: they resume by system version).
 func (b *bench) reconnect() {
-	b.awaitInSync("before the reconnect storm")
+	b.awaitInSync("before the restart storm")
 	b.rep.StreamFailuresBeforeStorm = b.fleet.StreamEnds() - b.rep.ColdStart.StreamFailures
+	b.rep.RestartStorm = b.storm("restart storm", true)
+	b.awaitInSync("before the reconnect storm")
+	b.rep.Reconnect = b.storm("reconnect storm", false)
+	b.rep.HelloBytesRatio = float64(b.rep.Reconnect.WireBytesFromAgents) / float64(max(b.rep.RestartStorm.WireBytesFromAgents, 1))
+}
+
+func (b *bench) storm(name string, fresh bool) Reconnect {
 	ends := b.fleet.StreamEnds()
 	b.fleet.StopAll()
 	s0 := b.sample()
 	ws := b.fleet.Watch(nil, true)
 	start := b.clk.now()
-	stopHeaps := b.profileHeaps("reconnect", 300*time.Millisecond)
-	if err := b.fleet.StartAll(b.ctx); err != nil {
+	stopHeaps := b.profileHeaps(strings.ReplaceAll(name, " ", "-"), 300*time.Millisecond)
+	if err := b.fleet.StartAll(b.ctx, fresh); err != nil {
 		b.fatalf("%v", err)
 	}
 	if err := ws.Wait(b.ctx, b.o.Timeout); err != nil {
-		b.fatalf("reconnect storm: %v", err)
+		b.fatalf("%s: %v", name, err)
 	}
 	stopHeaps()
 	s1 := b.sample()
@@ -583,16 +594,17 @@ func (b *bench) reconnect() {
 		acked, _ := ws.FirstDelta(a)
 		last = max(last, acked)
 	}
-	rc := Reconnect{PhaseCost: b.cost(s0, s1, secs(last-start))}
+	rc := Reconnect{PhaseCost: b.cost(s0, s1, secs(last-start)), FreshClients: fresh}
 	rc.WireRatio = float64(rc.WireBytesToAgents) / float64(b.cold.WireIn)
+	rc.BothWaysRatio = float64(rc.WireBytesToAgents+rc.WireBytesFromAgents) / float64(b.cold.WireIn)
 	rc.PayloadRatio = float64(rc.PayloadBytes) / float64(b.cold.PayloadBytes)
-	b.rep.Reconnect = rc
-	b.t.Logf("reconnect storm: %d agents back in sync after %.2fs; %s wire (%.4f%% of the cold start's %s), %d resources and %d removals resent, %d TokenReviews; %s from the agents (Hellos)",
-		len(b.fleet.Agents()), rc.Seconds, human(rc.WireBytesToAgents), 100*rc.WireRatio, human(b.cold.WireIn), rc.Resources, rc.Removed, rc.TokenReviews, human(rc.WireBytesFromAgents))
+	b.t.Logf("%s: %d agents back in sync after %.2fs; %s wire (%.4f%% of the cold start's %s), %d resources and %d removals resent, %d TokenReviews; %s from the agents (Hellos)",
+		name, len(b.fleet.Agents()), rc.Seconds, human(rc.WireBytesToAgents), 100*rc.WireRatio, human(b.cold.WireIn), rc.Resources, rc.Removed, rc.TokenReviews, human(rc.WireBytesFromAgents))
 	if rc.Resources != 0 || rc.Removed != 0 {
-		b.problem("the reconnect storm resent %d resources and %d removals the agents already held (want none)", rc.Resources, rc.Removed)
+		b.problem("the %s resent %d resources and %d removals the agents already held (want none)", name, rc.Resources, rc.Removed)
 	}
-	b.rep.Reconnect.StreamFailures = b.fleet.StreamEnds() - ends
+	rc.StreamFailures = b.fleet.StreamEnds() - ends
+	return rc
 }
 
 func (b *bench) finish() {
@@ -609,7 +621,7 @@ func (b *bench) finish() {
 	b.rep.Goals = []Goal{
 		goal("single change p99 (write response -> every agent's Ack)", b.rep.SingleChange.LatencyP99MS, 250, "ms"),
 		goal(fmt.Sprintf("%.0f%% burst p99 (write response -> Ack, per agent and Service)", 100*b.o.ChurnShare), b.rep.Burst.LatencyP99MS, 1000, "ms"),
-		goal("reconnect storm bytes / cold-start bytes (wire)", 100*b.rep.Reconnect.WireRatio, 1, "%"),
+		goal("reconnect storm bytes, both ways / cold-start bytes to agents (wire)", 100*b.rep.Reconnect.BothWaysRatio, 1, "%"),
 	}
 	b.rep.Notes = append(b.rep.Notes, b.o.Notes...)
 	b.rep.Notes = append(b.rep.Notes,

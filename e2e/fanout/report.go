@@ -34,7 +34,13 @@ type Report struct {
 	SingleChange SingleChange `json:"single_change"`
 	Burst        Burst        `json:"burst"`
 	Reconnect    Reconnect    `json:"reconnect_storm"`
-	Goals        []Goal       `json:"goals"`
+	// RestartStorm is the reconnect storm's baseline, measured just before
+	// it: the same cut with new clients, whose Hellos list every version.
+	RestartStorm Reconnect `json:"restart_storm"`
+	// HelloBytesRatio: the reconnect storm's bytes from the agents over the
+	// restart storm's.
+	HelloBytesRatio float64 `json:"reconnect_to_restart_bytes_from_agents"`
+	Goals           []Goal  `json:"goals"`
 	// StreamFailuresBeforeStorm: agent streams that ended or failed to open
 	// from the cold start until the reconnect storm (retried).
 	StreamFailuresBeforeStorm int64 `json:"stream_failures_before_storm"`
@@ -219,13 +225,18 @@ type Burst struct {
 }
 
 // Reconnect: every agent's stream cut (client stopped, reconciler and
-// kernel kept) and reopened at once with the versions held; nothing
-// changed meanwhile.
+// kernel kept) and reopened at once; nothing changed meanwhile. With
+// FreshClients the clients are new (an agent restart: the Hello lists every
+// version held), otherwise the same (a lost replica: the Hello carries the
+// system version held).
 type Reconnect struct {
 	PhaseCost
-	// Ratios of this phase's bytes to the cold start's.
-	WireRatio    float64 `json:"wire_ratio_to_cold_start"`
-	PayloadRatio float64 `json:"payload_ratio_to_cold_start"`
+	FreshClients bool `json:"fresh_clients"`
+	// Ratios of this phase's bytes to the cold start's (to the agents; both
+	// ways).
+	WireRatio     float64 `json:"wire_ratio_to_cold_start"`
+	BothWaysRatio float64 `json:"both_ways_ratio_to_cold_start"`
+	PayloadRatio  float64 `json:"payload_ratio_to_cold_start"`
 	// StreamFailures: reopened streams that failed (or ended) and were
 	// retried by the client before the agent was back in sync.
 	StreamFailures int64 `json:"stream_failures"`
@@ -285,6 +296,8 @@ func (rep *Report) Headlines() []string {
 		}
 		out = append(out, fmt.Sprintf("%s: %.4g %s (goal < %.4g %s, ratio %.3f: %s)", g.Name, g.Value, g.Unit, g.Limit, g.Unit, g.Ratio, verdict))
 	}
+	out = append(out, fmt.Sprintf("reconnect storm bytes from the agents: %s against the restart storm's %s (every version listed) in the same run, ratio %.4f",
+		human(rep.Reconnect.WireBytesFromAgents), human(rep.RestartStorm.WireBytesFromAgents), rep.HelloBytesRatio))
 	return out
 }
 
@@ -304,28 +317,32 @@ func (rep *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s | %.4g %s | < %.4g %s | %.3f | %s |\n", g.Name, g.Value, g.Unit, g.Limit, g.Unit, g.Ratio, mark)
 	}
-	cs, sc, bu, rc, cp := rep.ColdStart, rep.SingleChange, rep.Burst, rep.Reconnect, rep.ControlPlane
+	cs, sc, bu, rc, rs, cp := rep.ColdStart, rep.SingleChange, rep.Burst, rep.Reconnect, rep.RestartStorm, rep.ControlPlane
 	b.WriteString("\n| phase | time | to agents (wire) | payload | Deltas | control-plane CPU |\n|---|---:|---:|---:|---:|---:|\n")
 	fmt.Fprintf(&b, "| control plane ready (initial sync) | %.2f s | | | | %.2f s |\n", cp.ReadySeconds, cp.ReadyCPUSeconds)
 	fmt.Fprintf(&b, "| cold start (all agents in sync) | %.2f s | %s | %s | %d | %.2f s |\n", cs.Seconds, human(cs.WireBytesToAgents), human(cs.PayloadBytes), cs.Deltas, cs.ControlPlaneCPUSeconds)
 	fmt.Fprintf(&b, "| single change (per change, mean) | p50 %.1f ms, p99 %.1f ms | %s | %s | %.1f | %.3f s |\n", sc.LatencyP50MS, sc.LatencyP99MS, human(int64(sc.WireBytesPerChange)), human(int64(sc.PayloadBytesPerChange)), sc.DeltasPerChange, sc.CPUSecondsPerChange)
 	fmt.Fprintf(&b, "| %d-slice burst | p50 %.1f ms, p99 %.1f ms, all in %.2f s | %s | %s | %d | %.2f s |\n", bu.Slices, bu.LatencyP50MS, bu.LatencyP99MS, bu.ConvergeSeconds, human(bu.WireBytesToAgents), human(bu.PayloadBytes), bu.Deltas, bu.ControlPlaneCPUSeconds)
-	fmt.Fprintf(&b, "| reconnect storm (all back in sync) | %.2f s | %s | %s | %d | %.2f s |\n", rc.Seconds, human(rc.WireBytesToAgents), human(rc.PayloadBytes), rc.Deltas, rc.ControlPlaneCPUSeconds)
+	fmt.Fprintf(&b, "| restart storm, new clients (all back in sync) | %.2f s | %s | %s | %d | %.2f s |\n", rs.Seconds, human(rs.WireBytesToAgents), human(rs.PayloadBytes), rs.Deltas, rs.ControlPlaneCPUSeconds)
+	fmt.Fprintf(&b, "| reconnect storm, same clients (all back in sync) | %.2f s | %s | %s | %d | %.2f s |\n", rc.Seconds, human(rc.WireBytesToAgents), human(rc.PayloadBytes), rc.Deltas, rc.ControlPlaneCPUSeconds)
 	fmt.Fprintf(&b, "\nControl plane (own process): %.1f CPU s over the run, peak RSS %s (%s when ready); idle with every agent connected %.1f%% of a core; per single change %.3f CPU s net of idle.\n",
 		cp.CPUSecondsTotal, human(cp.PeakRSSBytes), human(cp.PeakRSSWhenReady), 100*rep.Idle.ControlPlaneCPUSeconds/max(rep.Idle.Seconds, 1e-9), sc.CPUSecondsPerChangeNetOfIdle)
-	fmt.Fprintf(&b, "Its RSS / Go heap allocated / next-GC target at the end of: cold start %s / %s / %s; single changes %s / %s / %s; burst %s / %s / %s; reconnect storm %s / %s / %s.\n",
+	fmt.Fprintf(&b, "Its RSS / Go heap allocated / next-GC target at the end of: cold start %s / %s / %s; single changes %s / %s / %s; burst %s / %s / %s; restart storm %s / %s / %s; reconnect storm %s / %s / %s.\n",
 		human(cs.ControlPlaneRSSBytes), human(cs.ControlPlaneHeapAllocBytes), human(cs.ControlPlaneNextGCBytes),
 		human(sc.Total.ControlPlaneRSSBytes), human(sc.Total.ControlPlaneHeapAllocBytes), human(sc.Total.ControlPlaneNextGCBytes),
 		human(bu.ControlPlaneRSSBytes), human(bu.ControlPlaneHeapAllocBytes), human(bu.ControlPlaneNextGCBytes),
+		human(rs.ControlPlaneRSSBytes), human(rs.ControlPlaneHeapAllocBytes), human(rs.ControlPlaneNextGCBytes),
 		human(rc.ControlPlaneRSSBytes), human(rc.ControlPlaneHeapAllocBytes), human(rc.ControlPlaneNextGCBytes))
 	fmt.Fprintf(&b, "\nCold start: every agent's first Delta received within %.2f s (p50 %.2f s) and acknowledged within %.2f s; per-agent full sync p50 %.2f s, p99 %.2f s; %d TokenReviews. Agents' live heap %s per agent (%d B per agent x Service).\n",
 		cs.FirstDeltaReceivedMaxSeconds, cs.FirstDeltaReceivedP50Seconds, cs.AllFirstDeltaSeconds, cs.AgentSyncP50Seconds, cs.AgentSyncP99Seconds, cs.TokenReviews, human(cs.AgentHeapPerAgent), cs.AgentHeapPerAgentService)
 	fmt.Fprintf(&b, "\nFrom the write request sent instead of its response: single change p50 %.1f ms, p99 %.1f ms; burst p50 %.1f ms, p99 %.1f ms.\n",
 		sc.FromSentP50MS, sc.FromSentP99MS, bu.FromSentP50MS, bu.FromSentP99MS)
-	fmt.Fprintf(&b, "\nUntil the Delta reached the agent's Apply (before its own work): single change p50 %.1f ms, p99 %.1f ms; burst p50 %.1f ms, p99 %.1f ms (%d of %d burst Acks came before the writer had its response). Reconnect storm: %s from the agents (Hellos with every held version) for %s to them.\n",
-		sc.ReceivedP50MS, sc.ReceivedP99MS, bu.ReceivedP50MS, bu.ReceivedP99MS, bu.AcksBeforeResponse, bu.Samples, human(rc.WireBytesFromAgents), human(rc.WireBytesToAgents))
-	fmt.Fprintf(&b, "\nAgent streams that ended or failed to open and were retried: %d during the cold start, %d from then until the storm, %d in the storm.\n",
-		cs.StreamFailures, rep.StreamFailuresBeforeStorm, rc.StreamFailures)
+	fmt.Fprintf(&b, "\nUntil the Delta reached the agent's Apply (before its own work): single change p50 %.1f ms, p99 %.1f ms; burst p50 %.1f ms, p99 %.1f ms (%d of %d burst Acks came before the writer had its response).\n",
+		sc.ReceivedP50MS, sc.ReceivedP99MS, bu.ReceivedP50MS, bu.ReceivedP99MS, bu.AcksBeforeResponse, bu.Samples)
+	fmt.Fprintf(&b, "\nFrom the agents (Hellos, Acks, TLS): restart storm %s (every Hello lists every version held), reconnect storm %s (Hellos with the system version held) = %.4f of the baseline; to them %s and %s.\n",
+		human(rs.WireBytesFromAgents), human(rc.WireBytesFromAgents), rep.HelloBytesRatio, human(rs.WireBytesToAgents), human(rc.WireBytesToAgents))
+	fmt.Fprintf(&b, "\nAgent streams that ended or failed to open and were retried: %d during the cold start, %d from then until the storms, %d in the restart storm, %d in the reconnect storm.\n",
+		cs.StreamFailures, rep.StreamFailuresBeforeStorm, rs.StreamFailures, rc.StreamFailures)
 	fmt.Fprintf(&b, "\nBytes: %s\n", rep.BytesMethod)
 	if len(rep.Problems) > 0 {
 		b.WriteString("\n## Problems\n\n")

@@ -107,22 +107,28 @@ func startCPOpts(t *testing.T, src *streamtest.Source, addr string, opts stream.
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lis net.Listener
-	deadline := time.Now().Add(wait)
-	for { // the old listener's port may take a moment to be free again
-		lis, err = net.Listen("tcp", addr)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := listen(t, addr)
 	c.addr = lis.Addr().String()
 	go func() { _ = c.gs.Serve(lis) }()
 	t.Cleanup(func() { c.srv.Shutdown(); c.gs.Stop(time.Second) })
 	return c
+}
+
+// listen listens on addr, retrying for a while: a restarted server's old
+// listener may take a moment to free its port.
+func listen(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		lis, err := net.Listen("tcp", addr)
+		if err == nil {
+			return lis
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (c *cp) connect(t *testing.T) stream.ConnectEvent {

@@ -5,13 +5,12 @@ package streamtest
 import (
 	"slices"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
-	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
-
 	"github.com/vsplane/vsplane/controlplane/stream"
+	"github.com/vsplane/vsplane/internal/wire"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // Source is a goroutine-safe in-memory stream.Source. Resources carry a
@@ -20,7 +19,6 @@ import (
 type Source struct {
 	mu       sync.Mutex
 	nodes    map[string]map[string]*vsplanev1.Resource
-	sysVer   map[string]int
 	triggers map[string]map[string]time.Time
 	subs     map[string][]*sub
 	lookups  map[string]int
@@ -33,12 +31,21 @@ var _ stream.Source = (*Source)(nil)
 func New() *Source {
 	return &Source{
 		nodes:    map[string]map[string]*vsplanev1.Resource{},
-		sysVer:   map[string]int{},
 		triggers: map[string]map[string]time.Time{},
 		subs:     map[string][]*sub{},
 		lookups:  map[string]int{},
 		lists:    map[string]int{},
 	}
+}
+
+// systemVersion is the content-based version the real store keeps
+// (internal/wire.SystemVersion), so agents can resume by it.
+func systemVersion(m map[string]*vsplanev1.Resource) string {
+	var sys [16]byte
+	for _, r := range m {
+		wire.XORInto(&sys, wire.PairHash(r.GetName(), r.GetVersion()))
+	}
+	return wire.FormatSystemVersion(sys)
 }
 
 // Resource builds the resource the Source stores for name@version.
@@ -54,7 +61,6 @@ func (s *Source) AddNode(node string) {
 	defer s.mu.Unlock()
 	if _, ok := s.nodes[node]; !ok {
 		s.nodes[node] = map[string]*vsplanev1.Resource{}
-		s.sysVer[node]++
 	}
 }
 
@@ -89,7 +95,6 @@ func (s *Source) SetResource(node string, res *vsplanev1.Resource, trigger time.
 		s.triggers[node] = map[string]time.Time{}
 	}
 	s.triggers[node][res.GetName()] = trigger
-	s.sysVer[node]++
 	s.notify(node, res.GetName())
 }
 
@@ -101,7 +106,6 @@ func (s *Source) Delete(node, name string) {
 		return
 	}
 	delete(s.nodes[node], name)
-	s.sysVer[node]++
 	s.notify(node, name)
 }
 
@@ -172,7 +176,7 @@ func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
-	return out, strconv.Itoa(s.sysVer[node]), true
+	return out, systemVersion(m), true
 }
 
 // Get returns one resource of node.
@@ -206,7 +210,7 @@ func (s *Source) Lookup(node string, names []string) ([]*vsplanev1.Resource, str
 			out = append(out, r)
 		}
 	}
-	return out, strconv.Itoa(s.sysVer[node]), true
+	return out, systemVersion(m), true
 }
 
 // TriggerTime implements stream.Source.

@@ -83,6 +83,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Hello
 	//	*ConnectRequest_Ack
 	//	*ConnectRequest_Status
+	//	*ConnectRequest_HeldVersions
 	Message       isConnectRequest_Message `protobuf_oneof:"message"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -152,6 +153,15 @@ func (x *ConnectRequest) GetStatus() *AgentStatus {
 	return nil
 }
 
+func (x *ConnectRequest) GetHeldVersions() *HeldVersions {
+	if x != nil {
+		if x, ok := x.Message.(*ConnectRequest_HeldVersions); ok {
+			return x.HeldVersions
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Message interface {
 	isConnectRequest_Message()
 }
@@ -168,11 +178,18 @@ type ConnectRequest_Status struct {
 	Status *AgentStatus `protobuf:"bytes,3,opt,name=status,proto3,oneof"`
 }
 
+type ConnectRequest_HeldVersions struct {
+	// Only in answer to a VersionsRequest.
+	HeldVersions *HeldVersions `protobuf:"bytes,4,opt,name=held_versions,json=heldVersions,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Message() {}
 
 func (*ConnectRequest_Ack) isConnectRequest_Message() {}
 
 func (*ConnectRequest_Status) isConnectRequest_Message() {}
+
+func (*ConnectRequest_HeldVersions) isConnectRequest_Message() {}
 
 // ConnectResponse is a message from control plane to agent.
 type ConnectResponse struct {
@@ -180,6 +197,7 @@ type ConnectResponse struct {
 	// Types that are valid to be assigned to Message:
 	//
 	//	*ConnectResponse_Delta
+	//	*ConnectResponse_VersionsRequest
 	Message       isConnectResponse_Message `protobuf_oneof:"message"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -231,6 +249,15 @@ func (x *ConnectResponse) GetDelta() *Delta {
 	return nil
 }
 
+func (x *ConnectResponse) GetVersionsRequest() *VersionsRequest {
+	if x != nil {
+		if x, ok := x.Message.(*ConnectResponse_VersionsRequest); ok {
+			return x.VersionsRequest
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Message interface {
 	isConnectResponse_Message()
 }
@@ -239,7 +266,15 @@ type ConnectResponse_Delta struct {
 	Delta *Delta `protobuf:"bytes,1,opt,name=delta,proto3,oneof"`
 }
 
+type ConnectResponse_VersionsRequest struct {
+	// Only as the first message, after a Hello whose held_system_version is
+	// not the node's: the agent answers with HeldVersions.
+	VersionsRequest *VersionsRequest `protobuf:"bytes,2,opt,name=versions_request,json=versionsRequest,proto3,oneof"`
+}
+
 func (*ConnectResponse_Delta) isConnectResponse_Message() {}
+
+func (*ConnectResponse_VersionsRequest) isConnectResponse_Message() {}
 
 // Hello opens a stream.
 type Hello struct {
@@ -249,8 +284,14 @@ type Hello struct {
 	Capabilities *Capabilities          `protobuf:"bytes,3,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// Resources the agent already holds (name -> version), for resume.
 	ResourceVersions map[string]string `protobuf:"bytes,4,rep,name=resource_versions,json=resourceVersions,proto3" json:"resource_versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Instead of resource_versions (never both): the system version of what
+	// the agent holds (internal/wire.SystemVersion, as Delta.system_version)
+	// and how many resources that is. Sent only to a control plane that
+	// announced it understands it (see the service's comment).
+	HeldSystemVersion string `protobuf:"bytes,5,opt,name=held_system_version,json=heldSystemVersion,proto3" json:"held_system_version,omitempty"`
+	HeldCount         uint32 `protobuf:"varint,6,opt,name=held_count,json=heldCount,proto3" json:"held_count,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -311,6 +352,104 @@ func (x *Hello) GetResourceVersions() map[string]string {
 	return nil
 }
 
+func (x *Hello) GetHeldSystemVersion() string {
+	if x != nil {
+		return x.HeldSystemVersion
+	}
+	return ""
+}
+
+func (x *Hello) GetHeldCount() uint32 {
+	if x != nil {
+		return x.HeldCount
+	}
+	return 0
+}
+
+// VersionsRequest asks an agent that sent only its system version for every
+// version it holds.
+type VersionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionsRequest) Reset() {
+	*x = VersionsRequest{}
+	mi := &file_vsplane_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionsRequest) ProtoMessage() {}
+
+func (x *VersionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionsRequest.ProtoReflect.Descriptor instead.
+func (*VersionsRequest) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+// HeldVersions answers a VersionsRequest: what Hello.resource_versions would
+// have said.
+type HeldVersions struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ResourceVersions map[string]string      `protobuf:"bytes,1,rep,name=resource_versions,json=resourceVersions,proto3" json:"resource_versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *HeldVersions) Reset() {
+	*x = HeldVersions{}
+	mi := &file_vsplane_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldVersions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldVersions) ProtoMessage() {}
+
+func (x *HeldVersions) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldVersions.ProtoReflect.Descriptor instead.
+func (*HeldVersions) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HeldVersions) GetResourceVersions() map[string]string {
+	if x != nil {
+		return x.ResourceVersions
+	}
+	return nil
+}
+
 // Capabilities of the agent's node.
 type Capabilities struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -327,7 +466,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[3]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +478,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[3]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +491,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Capabilities) GetIpvsSchedulers() []string {
@@ -395,7 +534,11 @@ type Delta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Unique per stream; echoed in the Ack.
 	Nonce string `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
-	// Opaque version of the node's whole state after this delta.
+	// System version of the node's desired state this delta was computed
+	// from (a bounded delta may carry only part of the way there): the hex
+	// XOR, over every resource, of the first 16 bytes of
+	// sha256(name 0x00 version) (internal/wire.SystemVersion). Equal resource
+	// versions give equal system versions, on any replica.
 	SystemVersion string      `protobuf:"bytes,2,opt,name=system_version,json=systemVersion,proto3" json:"system_version,omitempty"`
 	Resources     []*Resource `protobuf:"bytes,3,rep,name=resources,proto3" json:"resources,omitempty"`
 	Removed       []string    `protobuf:"bytes,4,rep,name=removed,proto3" json:"removed,omitempty"`
@@ -411,7 +554,7 @@ type Delta struct {
 
 func (x *Delta) Reset() {
 	*x = Delta{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[4]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +566,7 @@ func (x *Delta) String() string {
 func (*Delta) ProtoMessage() {}
 
 func (x *Delta) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[4]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +579,7 @@ func (x *Delta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delta.ProtoReflect.Descriptor instead.
 func (*Delta) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Delta) GetNonce() string {
@@ -496,7 +639,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[5]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +651,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[5]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +664,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Ack) GetNonce() string {
@@ -571,7 +714,7 @@ type ResourceError struct {
 
 func (x *ResourceError) Reset() {
 	*x = ResourceError{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[6]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +726,7 @@ func (x *ResourceError) String() string {
 func (*ResourceError) ProtoMessage() {}
 
 func (x *ResourceError) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[6]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +739,7 @@ func (x *ResourceError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceError.ProtoReflect.Descriptor instead.
 func (*ResourceError) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResourceError) GetName() string {
@@ -642,7 +785,7 @@ type AgentStatus struct {
 
 func (x *AgentStatus) Reset() {
 	*x = AgentStatus{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[7]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +797,7 @@ func (x *AgentStatus) String() string {
 func (*AgentStatus) ProtoMessage() {}
 
 func (x *AgentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[7]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +810,7 @@ func (x *AgentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentStatus.ProtoReflect.Descriptor instead.
 func (*AgentStatus) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AgentStatus) GetLastFullReconcile() *timestamppb.Timestamp {
@@ -731,7 +874,7 @@ type HeldRemoval struct {
 
 func (x *HeldRemoval) Reset() {
 	*x = HeldRemoval{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +886,7 @@ func (x *HeldRemoval) String() string {
 func (*HeldRemoval) ProtoMessage() {}
 
 func (x *HeldRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[8]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +899,7 @@ func (x *HeldRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeldRemoval.ProtoReflect.Descriptor instead.
 func (*HeldRemoval) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HeldRemoval) GetRemovals() uint32 {
@@ -803,7 +946,7 @@ type DrainingRealServer struct {
 
 func (x *DrainingRealServer) Reset() {
 	*x = DrainingRealServer{}
-	mi := &file_vsplane_v1_agent_proto_msgTypes[9]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +958,7 @@ func (x *DrainingRealServer) String() string {
 func (*DrainingRealServer) ProtoMessage() {}
 
 func (x *DrainingRealServer) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_proto_msgTypes[9]
+	mi := &file_vsplane_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +971,7 @@ func (x *DrainingRealServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainingRealServer.ProtoReflect.Descriptor instead.
 func (*DrainingRealServer) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_vsplane_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DrainingRealServer) GetVirtualServer() string {
@@ -878,20 +1021,31 @@ var File_vsplane_v1_agent_proto protoreflect.FileDescriptor
 const file_vsplane_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x16vsplane/v1/agent.proto\x12\n" +
-	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19vsplane/v1/snapshot.proto\"\x9e\x01\n" +
+	"vsplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19vsplane/v1/snapshot.proto\"\xdf\x01\n" +
 	"\x0eConnectRequest\x12)\n" +
 	"\x05hello\x18\x01 \x01(\v2\x11.vsplane.v1.HelloH\x00R\x05hello\x12#\n" +
 	"\x03ack\x18\x02 \x01(\v2\x0f.vsplane.v1.AckH\x00R\x03ack\x121\n" +
-	"\x06status\x18\x03 \x01(\v2\x17.vsplane.v1.AgentStatusH\x00R\x06statusB\t\n" +
-	"\amessage\"G\n" +
+	"\x06status\x18\x03 \x01(\v2\x17.vsplane.v1.AgentStatusH\x00R\x06status\x12?\n" +
+	"\rheld_versions\x18\x04 \x01(\v2\x18.vsplane.v1.HeldVersionsH\x00R\fheldVersionsB\t\n" +
+	"\amessage\"\x91\x01\n" +
 	"\x0fConnectResponse\x12)\n" +
-	"\x05delta\x18\x01 \x01(\v2\x11.vsplane.v1.DeltaH\x00R\x05deltaB\t\n" +
-	"\amessage\"\xa2\x02\n" +
+	"\x05delta\x18\x01 \x01(\v2\x11.vsplane.v1.DeltaH\x00R\x05delta\x12H\n" +
+	"\x10versions_request\x18\x02 \x01(\v2\x1b.vsplane.v1.VersionsRequestH\x00R\x0fversionsRequestB\t\n" +
+	"\amessage\"\xf1\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12<\n" +
 	"\fcapabilities\x18\x03 \x01(\v2\x18.vsplane.v1.CapabilitiesR\fcapabilities\x12T\n" +
-	"\x11resource_versions\x18\x04 \x03(\v2'.vsplane.v1.Hello.ResourceVersionsEntryR\x10resourceVersions\x1aC\n" +
+	"\x11resource_versions\x18\x04 \x03(\v2'.vsplane.v1.Hello.ResourceVersionsEntryR\x10resourceVersions\x12.\n" +
+	"\x13held_system_version\x18\x05 \x01(\tR\x11heldSystemVersion\x12\x1d\n" +
+	"\n" +
+	"held_count\x18\x06 \x01(\rR\theldCount\x1aC\n" +
+	"\x15ResourceVersionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x11\n" +
+	"\x0fVersionsRequest\"\xb0\x01\n" +
+	"\fHeldVersions\x12[\n" +
+	"\x11resource_versions\x18\x01 \x03(\v2..vsplane.v1.HeldVersions.ResourceVersionsEntryR\x10resourceVersions\x1aC\n" +
 	"\x15ResourceVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x01\n" +
@@ -967,54 +1121,60 @@ func file_vsplane_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vsplane_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_vsplane_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_vsplane_v1_agent_proto_goTypes = []any{
 	(AckStatus)(0),                // 0: vsplane.v1.AckStatus
 	(*ConnectRequest)(nil),        // 1: vsplane.v1.ConnectRequest
 	(*ConnectResponse)(nil),       // 2: vsplane.v1.ConnectResponse
 	(*Hello)(nil),                 // 3: vsplane.v1.Hello
-	(*Capabilities)(nil),          // 4: vsplane.v1.Capabilities
-	(*Delta)(nil),                 // 5: vsplane.v1.Delta
-	(*Ack)(nil),                   // 6: vsplane.v1.Ack
-	(*ResourceError)(nil),         // 7: vsplane.v1.ResourceError
-	(*AgentStatus)(nil),           // 8: vsplane.v1.AgentStatus
-	(*HeldRemoval)(nil),           // 9: vsplane.v1.HeldRemoval
-	(*DrainingRealServer)(nil),    // 10: vsplane.v1.DrainingRealServer
-	nil,                           // 11: vsplane.v1.Hello.ResourceVersionsEntry
-	nil,                           // 12: vsplane.v1.Delta.TriggerTimesEntry
-	nil,                           // 13: vsplane.v1.Ack.KernelOperationsEntry
-	nil,                           // 14: vsplane.v1.AgentStatus.RecoveredEntry
-	(*Resource)(nil),              // 15: vsplane.v1.Resource
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*VersionsRequest)(nil),       // 4: vsplane.v1.VersionsRequest
+	(*HeldVersions)(nil),          // 5: vsplane.v1.HeldVersions
+	(*Capabilities)(nil),          // 6: vsplane.v1.Capabilities
+	(*Delta)(nil),                 // 7: vsplane.v1.Delta
+	(*Ack)(nil),                   // 8: vsplane.v1.Ack
+	(*ResourceError)(nil),         // 9: vsplane.v1.ResourceError
+	(*AgentStatus)(nil),           // 10: vsplane.v1.AgentStatus
+	(*HeldRemoval)(nil),           // 11: vsplane.v1.HeldRemoval
+	(*DrainingRealServer)(nil),    // 12: vsplane.v1.DrainingRealServer
+	nil,                           // 13: vsplane.v1.Hello.ResourceVersionsEntry
+	nil,                           // 14: vsplane.v1.HeldVersions.ResourceVersionsEntry
+	nil,                           // 15: vsplane.v1.Delta.TriggerTimesEntry
+	nil,                           // 16: vsplane.v1.Ack.KernelOperationsEntry
+	nil,                           // 17: vsplane.v1.AgentStatus.RecoveredEntry
+	(*Resource)(nil),              // 18: vsplane.v1.Resource
+	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_vsplane_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: vsplane.v1.ConnectRequest.hello:type_name -> vsplane.v1.Hello
-	6,  // 1: vsplane.v1.ConnectRequest.ack:type_name -> vsplane.v1.Ack
-	8,  // 2: vsplane.v1.ConnectRequest.status:type_name -> vsplane.v1.AgentStatus
-	5,  // 3: vsplane.v1.ConnectResponse.delta:type_name -> vsplane.v1.Delta
-	4,  // 4: vsplane.v1.Hello.capabilities:type_name -> vsplane.v1.Capabilities
-	11, // 5: vsplane.v1.Hello.resource_versions:type_name -> vsplane.v1.Hello.ResourceVersionsEntry
-	15, // 6: vsplane.v1.Delta.resources:type_name -> vsplane.v1.Resource
-	12, // 7: vsplane.v1.Delta.trigger_times:type_name -> vsplane.v1.Delta.TriggerTimesEntry
-	0,  // 8: vsplane.v1.Ack.status:type_name -> vsplane.v1.AckStatus
-	7,  // 9: vsplane.v1.Ack.errors:type_name -> vsplane.v1.ResourceError
-	16, // 10: vsplane.v1.Ack.apply_duration:type_name -> google.protobuf.Duration
-	13, // 11: vsplane.v1.Ack.kernel_operations:type_name -> vsplane.v1.Ack.KernelOperationsEntry
-	17, // 12: vsplane.v1.AgentStatus.last_full_reconcile:type_name -> google.protobuf.Timestamp
-	10, // 13: vsplane.v1.AgentStatus.draining:type_name -> vsplane.v1.DrainingRealServer
-	14, // 14: vsplane.v1.AgentStatus.recovered:type_name -> vsplane.v1.AgentStatus.RecoveredEntry
-	9,  // 15: vsplane.v1.AgentStatus.held_removal:type_name -> vsplane.v1.HeldRemoval
-	17, // 16: vsplane.v1.HeldRemoval.since:type_name -> google.protobuf.Timestamp
-	17, // 17: vsplane.v1.DrainingRealServer.since:type_name -> google.protobuf.Timestamp
-	17, // 18: vsplane.v1.Delta.TriggerTimesEntry.value:type_name -> google.protobuf.Timestamp
-	1,  // 19: vsplane.v1.AgentService.Connect:input_type -> vsplane.v1.ConnectRequest
-	2,  // 20: vsplane.v1.AgentService.Connect:output_type -> vsplane.v1.ConnectResponse
-	20, // [20:21] is the sub-list for method output_type
-	19, // [19:20] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	8,  // 1: vsplane.v1.ConnectRequest.ack:type_name -> vsplane.v1.Ack
+	10, // 2: vsplane.v1.ConnectRequest.status:type_name -> vsplane.v1.AgentStatus
+	5,  // 3: vsplane.v1.ConnectRequest.held_versions:type_name -> vsplane.v1.HeldVersions
+	7,  // 4: vsplane.v1.ConnectResponse.delta:type_name -> vsplane.v1.Delta
+	4,  // 5: vsplane.v1.ConnectResponse.versions_request:type_name -> vsplane.v1.VersionsRequest
+	6,  // 6: vsplane.v1.Hello.capabilities:type_name -> vsplane.v1.Capabilities
+	13, // 7: vsplane.v1.Hello.resource_versions:type_name -> vsplane.v1.Hello.ResourceVersionsEntry
+	14, // 8: vsplane.v1.HeldVersions.resource_versions:type_name -> vsplane.v1.HeldVersions.ResourceVersionsEntry
+	18, // 9: vsplane.v1.Delta.resources:type_name -> vsplane.v1.Resource
+	15, // 10: vsplane.v1.Delta.trigger_times:type_name -> vsplane.v1.Delta.TriggerTimesEntry
+	0,  // 11: vsplane.v1.Ack.status:type_name -> vsplane.v1.AckStatus
+	9,  // 12: vsplane.v1.Ack.errors:type_name -> vsplane.v1.ResourceError
+	19, // 13: vsplane.v1.Ack.apply_duration:type_name -> google.protobuf.Duration
+	16, // 14: vsplane.v1.Ack.kernel_operations:type_name -> vsplane.v1.Ack.KernelOperationsEntry
+	20, // 15: vsplane.v1.AgentStatus.last_full_reconcile:type_name -> google.protobuf.Timestamp
+	12, // 16: vsplane.v1.AgentStatus.draining:type_name -> vsplane.v1.DrainingRealServer
+	17, // 17: vsplane.v1.AgentStatus.recovered:type_name -> vsplane.v1.AgentStatus.RecoveredEntry
+	11, // 18: vsplane.v1.AgentStatus.held_removal:type_name -> vsplane.v1.HeldRemoval
+	20, // 19: vsplane.v1.HeldRemoval.since:type_name -> google.protobuf.Timestamp
+	20, // 20: vsplane.v1.DrainingRealServer.since:type_name -> google.protobuf.Timestamp
+	20, // 21: vsplane.v1.Delta.TriggerTimesEntry.value:type_name -> google.protobuf.Timestamp
+	1,  // 22: vsplane.v1.AgentService.Connect:input_type -> vsplane.v1.ConnectRequest
+	2,  // 23: vsplane.v1.AgentService.Connect:output_type -> vsplane.v1.ConnectResponse
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_agent_proto_init() }
@@ -1027,9 +1187,11 @@ func file_vsplane_v1_agent_proto_init() {
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Ack)(nil),
 		(*ConnectRequest_Status)(nil),
+		(*ConnectRequest_HeldVersions)(nil),
 	}
 	file_vsplane_v1_agent_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Delta)(nil),
+		(*ConnectResponse_VersionsRequest)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1037,7 +1199,7 @@ func file_vsplane_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_agent_proto_rawDesc), len(file_vsplane_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,17 @@ const (
 // change. The agent answers every Delta with an Ack (ACK or NACK) carrying the
 // Delta's nonce. A resource version that was NACKed is not resent until its
 // content (and so its version) changes.
+//
+// Resuming by system version: a control plane that understands
+// Hello.held_system_version says so in its response headers
+// (internal/wire.ResumeBySystemVersionHeader). An agent that saw that header
+// on its previous stream may send only the system version of what it holds
+// instead of every version. The control plane then answers with an empty
+// first Delta when that equals the node's desired system version, or with a
+// VersionsRequest, which the agent answers with HeldVersions (every
+// version); from there the protocol goes on as after a full Hello. An agent
+// that sent only a system version and finds no such header (an older control
+// plane) applies nothing on that stream and reconnects with the full list.
 type AgentServiceClient interface {
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 }
@@ -71,6 +82,17 @@ type AgentService_ConnectClient = grpc.BidiStreamingClient[ConnectRequest, Conne
 // change. The agent answers every Delta with an Ack (ACK or NACK) carrying the
 // Delta's nonce. A resource version that was NACKed is not resent until its
 // content (and so its version) changes.
+//
+// Resuming by system version: a control plane that understands
+// Hello.held_system_version says so in its response headers
+// (internal/wire.ResumeBySystemVersionHeader). An agent that saw that header
+// on its previous stream may send only the system version of what it holds
+// instead of every version. The control plane then answers with an empty
+// first Delta when that equals the node's desired system version, or with a
+// VersionsRequest, which the agent answers with HeldVersions (every
+// version); from there the protocol goes on as after a full Hello. An agent
+// that sent only a system version and finds no such header (an older control
+// plane) applies nothing on that stream and reconnects with the full list.
 type AgentServiceServer interface {
 	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	mustEmbedUnimplementedAgentServiceServer()
