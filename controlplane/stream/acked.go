@@ -40,6 +40,11 @@ func (st *agentState) setAcked(name, v string, has bool) {
 	}
 	if sv, sHas := st.sent[name]; sHas == has && (!has || sv == v) {
 		delete(st.ackDiff, name)
+		if len(st.ackDiff) == 0 {
+			// A Go map keeps its size when emptied: an agent in sync
+			// would keep its largest in-flight window's worth.
+			st.ackDiff = nil
+		}
 		return
 	}
 	if st.ackDiff == nil {

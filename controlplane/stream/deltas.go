@@ -222,10 +222,9 @@ func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
 func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVersion string, cost, budget int) {
 	ss.nonce++
 	d := &inflightDelta{
-		nonce:    strconv.FormatUint(ss.nonce, 10),
-		upserts:  upserts,
-		removed:  removed,
-		triggers: map[string]time.Time{},
+		nonce:   strconv.FormatUint(ss.nonce, 10),
+		upserts: upserts,
+		removed: removed,
 	}
 	delta := &vsplanev1.Delta{
 		Nonce:         d.nonce,
@@ -233,9 +232,12 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 		Resources:     upserts, // shared, immutable resources: never modified here
 		Removed:       removed,
 	}
-	for _, r := range upserts {
+	for i, r := range upserts {
 		if t := ss.s.src.TriggerTime(ss.node, r.GetName()); !t.IsZero() {
-			d.triggers[r.GetName()] = t
+			if d.triggers == nil {
+				d.triggers = make([]int64, len(upserts))
+			}
+			d.triggers[i] = t.UnixNano()
 			if delta.TriggerTimes == nil {
 				delta.TriggerTimes = map[string]*timestamppb.Timestamp{}
 			}

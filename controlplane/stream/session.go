@@ -24,10 +24,24 @@ type inflightDelta struct {
 	nonce string
 	// upserts are the Delta's resources (its own slice, shared: names are
 	// unique within a Delta).
-	upserts  []*vsplanev1.Resource
-	removed  []string
-	sentAt   time.Time
-	triggers map[string]time.Time
+	upserts []*vsplanev1.Resource
+	removed []string
+	sentAt  time.Time
+	// triggers[i] is upserts[i]'s trigger time (unix nanoseconds, 0:
+	// none); nil when none has one. A slice, not a map: a fleet's cold
+	// start holds two Deltas in flight per agent.
+	triggers []int64
+}
+
+// triggerTimes returns the Delta's trigger times by name (AckEvent).
+func (d *inflightDelta) triggerTimes() map[string]time.Time {
+	out := map[string]time.Time{}
+	for i, ns := range d.triggers {
+		if ns != 0 {
+			out[d.upserts[i].GetName()] = time.Unix(0, ns)
+		}
+	}
+	return out
 }
 
 type recvResult struct {
@@ -488,7 +502,7 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 		h(AckEvent{
 			Node: ss.node, Nonce: d.nonce, Status: ack.GetStatus(),
 			ApplyDuration: ack.GetApplyDuration().AsDuration(),
-			SentAt:        d.sentAt, ReceivedAt: now, TriggerTimes: d.triggers,
+			SentAt:        d.sentAt, ReceivedAt: now, TriggerTimes: d.triggerTimes(),
 			Resources: len(d.upserts), Removed: len(d.removed),
 			Errors: ack.GetErrors(), KernelOperations: ack.GetKernelOperations(),
 		})

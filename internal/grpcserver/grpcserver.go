@@ -208,6 +208,11 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		// Each connection returns its write buffer to a pool after a
 		// flush: a replica holds a thousand mostly idle agent streams.
 		grpc.SharedWriteBuffer(true),
+		// Agents send little (Acks, statuses; a Hello at most once per
+		// stream), and TLS buffers a record anyway: 4 KiB instead of
+		// gRPC's 32 KiB read buffer per connection is 28 MiB less for
+		// 1,000 agents (e2e/fanout heap profile).
+		grpc.ReadBufferSize(4 << 10),
 	}
 	if opts.TLS != nil {
 		so = append(so, grpc.Creds(credentials.NewTLS(opts.TLS)))
