@@ -195,7 +195,11 @@ func (m *ControlPlane) DeltaSent(d *vsplanev1.Delta) {
 	m.deltas.Inc()
 	m.resources.Add(float64(len(d.GetResources())))
 	m.removed.Add(float64(len(d.GetRemoved())))
-	m.bytes.Add(float64(proto.Size(d)))
+	// The Delta's resources are shared by every agent's Delta and their
+	// sizes cached by their encoding (stream/encode.go): a plain Size
+	// walked every resource again for every agent (perf: ~3% of the
+	// control plane's CPU in the fan-out burst).
+	m.bytes.Add(float64(proto.MarshalOptions{UseCachedSize: true}.Size(d)))
 }
 
 // Ack records one Ack. Programming latency is observed only for resources
