@@ -218,9 +218,8 @@ func (h *IPSets) FlushSet(name string) error {
 // normalized) in set. No NLM_F_EXCL: add of a present / del of an absent
 // entry is fine (ipset's -exist, what kube-proxy uses).
 func adtRequest(cmd int, flags int, set kernel.IPSet, e kernel.Entry) *nl.NetlinkRequest {
-	req := newIpsetRequest(cmd, flags)
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(set.Name)))
-	req.AddData(entryData(set.Type, e))
+	req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), flags)
+	req.AddRawData(appendADT(nil, cmd, set, e))
 	return req
 }
 
@@ -278,10 +277,12 @@ func (h *IPSets) ApplyEntries(ops []kernel.EntryOp) []error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	res := h.batch.do(len(valid), func(j int) (uint16, []byte) {
+	res := h.batch.do(len(valid), func(j int) nlPayload {
 		op := ops[valid[j]]
 		cmd, _ := adtOp(op.Kind)
-		return requestPayload(adtRequest(cmd, 0, op.Set, adtEntry(op)))
+		return func(buf []byte) ([]byte, uint16, uint16) {
+			return appendADT(buf, cmd, op.Set, adtEntry(op)), uint16(cmd | unix.NFNL_SUBSYS_IPSET<<8), 0
+		}
 	})
 	for j, i := range valid {
 		op := ops[i]

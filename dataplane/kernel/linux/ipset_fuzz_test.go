@@ -53,7 +53,7 @@ func FuzzIPSetEntryNetlink(f *testing.F) {
 		if want.Comment != "" && (containsNUL(want.Comment) || !spec.Comments) {
 			return // the kernel's comment is a C string
 		}
-		wire := entryData(spec.Type, want).Serialize()
+		wire := appendEntryData(nil, spec.Type, want)
 		got, err := decodeEntry(spec.Type, wire[4:])
 		if err != nil {
 			t.Fatalf("decode own encoding of %+v: %v", want, err)
@@ -84,8 +84,7 @@ func listReply() []byte {
 	data := nl.NewRtAttr(nl.IPSET_ATTR_DATA|attrNested, nil)
 	data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_MAXELEM|attrNetOrder, be32(65536)))
 	add(data)
-	adt := nl.NewRtAttr(nl.IPSET_ATTR_ADT|attrNested, nil)
-	adt.AddChild(entryData(kernel.HashIPPort, kernel.Entry{IP: netip.MustParseAddr("198.18.0.10"), Protocol: kernel.ProtocolTCP, Port: 80}))
-	add(adt)
-	return msg
+	adt, nest := nlaNest(nil, uint16(nl.IPSET_ATTR_ADT|attrNested))
+	adt = appendEntryData(adt, kernel.HashIPPort, kernel.Entry{IP: netip.MustParseAddr("198.18.0.10"), Protocol: kernel.ProtocolTCP, Port: 80})
+	return append(msg, nlaEnd(adt, nest)...)
 }

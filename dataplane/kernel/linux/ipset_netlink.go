@@ -106,18 +106,6 @@ func familyOfNFProto(p uint8) kernel.Family {
 func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
-// ipAttr encodes an address as the nested IPSET_ATTR_IP/IP2 container.
-func ipAttr(typ int, a netip.Addr) *nl.RtAttr {
-	a = a.Unmap()
-	inner := nl.IPSET_ATTR_IPADDR_IPV4
-	if a.Is6() {
-		inner = nl.IPSET_ATTR_IPADDR_IPV6
-	}
-	outer := nl.NewRtAttr(typ|attrNested, nil)
-	outer.AddChild(nl.NewRtAttr(inner|attrNetOrder, a.AsSlice()))
-	return outer
-}
-
 func decodeIPAttr(v []byte) (netip.Addr, error) {
 	attrs, err := parseAttrs(v)
 	if err != nil {
@@ -133,34 +121,58 @@ func decodeIPAttr(v []byte) (netip.Addr, error) {
 	return netip.Addr{}, fmt.Errorf("ipset netlink: address attribute without a valid address")
 }
 
-// entryData encodes e for a set of type t (already validated).
-func entryData(t kernel.SetType, e kernel.Entry) *nl.RtAttr {
-	d := nl.NewRtAttr(nl.IPSET_ATTR_DATA|attrNested, nil)
+// appendADT appends the payload (nfgenmsg and attributes) of the request
+// adding or deleting e in set to buf; adtRequest and the batched path
+// both send it.
+func appendADT(buf []byte, cmd int, set kernel.IPSet, e kernel.Entry) []byte {
+	buf = append(buf, unix.AF_INET, nl.NFNETLINK_V0, 0, 0) // nfgenmsg: family, version, res_id
+	buf = nlaU8(buf, nl.IPSET_ATTR_PROTOCOL, ipsetProtocol)
+	buf = nlaString(buf, nl.IPSET_ATTR_SETNAME, set.Name)
+	return appendEntryData(buf, set.Type, e)
+}
+
+// appendIPAttr appends an address as the nested IPSET_ATTR_IP/IP2
+// container.
+func appendIPAttr(b []byte, typ int, a netip.Addr) []byte {
+	a = a.Unmap()
+	inner := nl.IPSET_ATTR_IPADDR_IPV4
+	if a.Is6() {
+		inner = nl.IPSET_ATTR_IPADDR_IPV6
+	}
+	b, nest := nlaNest(b, uint16(typ|attrNested))
+	b = nlaAddr(b, uint16(inner|attrNetOrder), a)
+	return nlaEnd(b, nest)
+}
+
+// appendEntryData appends the IPSET_ATTR_DATA container of e for a set of
+// type t (already validated). bitmap:port gets only the port: its policy
+// has no protocol attribute, which is what breaks netlink v1.3.1's
+// IpsetAdd (vishvananda/netlink#1054).
+func appendEntryData(b []byte, t kernel.SetType, e kernel.Entry) []byte {
+	b, nest := nlaNest(b, uint16(nl.IPSET_ATTR_DATA|attrNested))
 	if e.IP.IsValid() {
-		d.AddChild(ipAttr(nl.IPSET_ATTR_IP, e.IP))
+		b = appendIPAttr(b, nl.IPSET_ATTR_IP, e.IP)
 	}
 	switch t {
 	case kernel.HashNet:
-		d.AddChild(ipAttr(nl.IPSET_ATTR_IP, e.Net.Addr()))
-		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_CIDR, nl.Uint8Attr(uint8(e.Net.Bits()))))
+		b = appendIPAttr(b, nl.IPSET_ATTR_IP, e.Net.Addr())
+		b = nlaU8(b, nl.IPSET_ATTR_CIDR, uint8(e.Net.Bits()))
 	case kernel.HashIPPortNet:
-		d.AddChild(ipAttr(nl.IPSET_ATTR_IP2, e.Net.Addr()))
-		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_CIDR2, nl.Uint8Attr(uint8(e.Net.Bits()))))
+		b = appendIPAttr(b, nl.IPSET_ATTR_IP2, e.Net.Addr())
+		b = nlaU8(b, nl.IPSET_ATTR_CIDR2, uint8(e.Net.Bits()))
 	case kernel.HashIPPortIP:
-		d.AddChild(ipAttr(nl.IPSET_ATTR_IP2, e.IP2))
+		b = appendIPAttr(b, nl.IPSET_ATTR_IP2, e.IP2)
 	}
 	if t == kernel.BitmapPort {
-		// Only the port: bitmap:port's policy has no protocol attribute,
-		// which is what breaks netlink v1.3.1's IpsetAdd (vishvananda/netlink#1054).
-		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|attrNetOrder, be16(e.Port)))
+		b = nlaBE16(b, uint16(nl.IPSET_ATTR_PORT|attrNetOrder), e.Port)
 	} else if e.Protocol != 0 {
-		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|attrNetOrder, be16(e.Port)))
-		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PROTO, nl.Uint8Attr(uint8(e.Protocol))))
+		b = nlaBE16(b, uint16(nl.IPSET_ATTR_PORT|attrNetOrder), e.Port)
+		b = nlaU8(b, nl.IPSET_ATTR_PROTO, uint8(e.Protocol))
 	}
 	if e.Comment != "" {
-		d.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_COMMENT, nl.ZeroTerminated(e.Comment)))
+		b = nlaString(b, nl.IPSET_ATTR_COMMENT, e.Comment)
 	}
-	return d
+	return nlaEnd(b, nest)
 }
 
 // decodeEntry turns one ADT data container back into an Entry.

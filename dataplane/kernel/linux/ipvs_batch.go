@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
@@ -68,71 +67,76 @@ func newIPVSBatcher() (*ipvsBatcher, error) {
 
 func (b *ipvsBatcher) close() { b.sock.close() }
 
-// message is the generic-netlink request for op: type and payload.
-func (b *ipvsBatcher) message(op kernel.IPVSOp) (uint16, []byte) {
+// message appends the generic-netlink request for op to buf.
+func (b *ipvsBatcher) message(op kernel.IPVSOp, buf []byte) ([]byte, uint16, uint16) {
 	var cmd uint8
-	var attrs []*nl.RtAttr
 	switch op.Kind {
-	case kernel.AddVirtualServer, kernel.UpdateVirtualServer:
+	case kernel.AddVirtualServer:
 		cmd = ipvsCmdNewService
-		if op.Kind == kernel.UpdateVirtualServer {
-			cmd = ipvsCmdSetService
-		}
-		attrs = append(attrs, serviceAttr(op.Server, true))
+	case kernel.UpdateVirtualServer:
+		cmd = ipvsCmdSetService
 	case kernel.DeleteVirtualServer:
 		cmd = ipvsCmdDelService
-		attrs = append(attrs, serviceAttr(kernel.VirtualServer{Key: op.Server.Key}, false))
+	case kernel.AddDestination:
+		cmd = ipvsCmdNewDest
+	case kernel.UpdateDestination:
+		cmd = ipvsCmdSetDest
+	case kernel.DeleteDestination:
+		cmd = ipvsCmdDelDest
+	}
+	buf = append(buf, cmd, ipvsGenlVersion, 0, 0) // genlmsghdr
+	switch op.Kind {
+	case kernel.AddVirtualServer, kernel.UpdateVirtualServer:
+		buf = appendServiceAttr(buf, op.Server, true)
+	case kernel.DeleteVirtualServer:
+		buf = appendServiceAttr(buf, kernel.VirtualServer{Key: op.Server.Key}, false)
 	case kernel.AddDestination, kernel.UpdateDestination, kernel.DeleteDestination:
-		cmd = map[kernel.IPVSOpKind]uint8{kernel.AddDestination: ipvsCmdNewDest,
-			kernel.UpdateDestination: ipvsCmdSetDest, kernel.DeleteDestination: ipvsCmdDelDest}[op.Kind]
-		attrs = append(attrs, serviceAttr(kernel.VirtualServer{Key: op.Server.Key}, false),
-			destAttr(op.Destination, op.Kind != kernel.DeleteDestination))
+		buf = appendServiceAttr(buf, kernel.VirtualServer{Key: op.Server.Key}, false)
+		buf = appendDestAttr(buf, op.Destination, op.Kind != kernel.DeleteDestination)
 	}
-	payload := []byte{cmd, ipvsGenlVersion, 0, 0} // genlmsghdr
-	for _, a := range attrs {
-		payload = append(payload, a.Serialize()...)
-	}
-	return b.family, payload
+	return buf, b.family, 0
 }
 
-// serviceAttr is IPVS_CMD_ATTR_SERVICE: the key, plus scheduler, flags,
-// timeout and netmask when full (add and update).
-func serviceAttr(vs kernel.VirtualServer, full bool) *nl.RtAttr {
+// appendServiceAttr appends IPVS_CMD_ATTR_SERVICE: the key, plus
+// scheduler, flags, timeout and netmask when full (add and update).
+func appendServiceAttr(b []byte, vs kernel.VirtualServer, full bool) []byte {
 	vs = vs.Normalize()
 	k := vs.Key
-	a := nl.NewRtAttr(ipvsCmdAttrService, nil)
-	a.AddRtAttr(ipvsSvcAttrAF, nl.Uint16Attr(afOf(k.Family)))
+	b, nest := nlaNest(b, ipvsCmdAttrService)
+	b = nlaU16(b, ipvsSvcAttrAF, afOf(k.Family))
 	if k.FWMark != 0 {
-		a.AddRtAttr(ipvsSvcAttrFWMark, nl.Uint32Attr(k.FWMark))
+		b = nlaU32(b, ipvsSvcAttrFWMark, k.FWMark)
 	} else {
-		a.AddRtAttr(ipvsSvcAttrProtocol, nl.Uint16Attr(uint16(k.Protocol)))
-		a.AddRtAttr(ipvsSvcAttrAddr, k.Address.AsSlice())
-		a.AddRtAttr(ipvsSvcAttrPort, be16(k.Port))
+		b = nlaU16(b, ipvsSvcAttrProtocol, uint16(k.Protocol))
+		b = nlaAddr(b, ipvsSvcAttrAddr, k.Address)
+		b = nlaBE16(b, ipvsSvcAttrPort, k.Port)
 	}
 	if full {
-		a.AddRtAttr(ipvsSvcAttrSchedName, nl.ZeroTerminated(vs.Scheduler))
-		flags := binary.NativeEndian.AppendUint32(nil, uint32(vs.Flags))
-		flags = binary.NativeEndian.AppendUint32(flags, 0xffffffff) // mask: set every flag as given
-		a.AddRtAttr(ipvsSvcAttrFlags, flags)
-		a.AddRtAttr(ipvsSvcAttrTimeout, nl.Uint32Attr(vs.Timeout))
-		a.AddRtAttr(ipvsSvcAttrNetmask, nl.Uint32Attr(netmaskToKernel(k.Family, vs.Netmask)))
+		b = nlaString(b, ipvsSvcAttrSchedName, vs.Scheduler)
+		var flags [8]byte
+		binary.NativeEndian.PutUint32(flags[0:], uint32(vs.Flags))
+		binary.NativeEndian.PutUint32(flags[4:], 0xffffffff) // mask: set every flag as given
+		b = nlaBytes(b, ipvsSvcAttrFlags, flags[:])
+		b = nlaU32(b, ipvsSvcAttrTimeout, vs.Timeout)
+		b = nlaU32(b, ipvsSvcAttrNetmask, netmaskToKernel(k.Family, vs.Netmask))
 	}
-	return a
+	return nlaEnd(b, nest)
 }
 
-// destAttr is IPVS_CMD_ATTR_DEST: address and port, plus forwarding
-// method, weight and (zero) thresholds when full (add and update).
-func destAttr(d kernel.Destination, full bool) *nl.RtAttr {
-	a := nl.NewRtAttr(ipvsCmdAttrDest, nil)
-	a.AddRtAttr(ipvsDestAttrAddr, d.Address.Unmap().AsSlice())
-	a.AddRtAttr(ipvsDestAttrPort, be16(d.Port))
+// appendDestAttr appends IPVS_CMD_ATTR_DEST: address and port, plus
+// forwarding method, weight and (zero) thresholds when full (add and
+// update).
+func appendDestAttr(b []byte, d kernel.Destination, full bool) []byte {
+	b, nest := nlaNest(b, ipvsCmdAttrDest)
+	b = nlaAddr(b, ipvsDestAttrAddr, d.Address.Unmap())
+	b = nlaBE16(b, ipvsDestAttrPort, d.Port)
 	if full {
-		a.AddRtAttr(ipvsDestAttrFwdMethod, nl.Uint32Attr(uint32(d.Forward)))
-		a.AddRtAttr(ipvsDestAttrWeight, nl.Uint32Attr(uint32(d.Weight)))
-		a.AddRtAttr(ipvsDestAttrUThresh, nl.Uint32Attr(0))
-		a.AddRtAttr(ipvsDestAttrLThresh, nl.Uint32Attr(0))
+		b = nlaU32(b, ipvsDestAttrFwdMethod, uint32(d.Forward))
+		b = nlaU32(b, ipvsDestAttrWeight, uint32(d.Weight))
+		b = nlaU32(b, ipvsDestAttrUThresh, 0)
+		b = nlaU32(b, ipvsDestAttrLThresh, 0)
 	}
-	return a
+	return nlaEnd(b, nest)
 }
 
 // apply runs ops in batches and returns one error per op, mapped like the
@@ -140,7 +144,9 @@ func destAttr(d kernel.Destination, full bool) *nl.RtAttr {
 func (b *ipvsBatcher) apply(ops []kernel.IPVSOp) []error {
 	errs := make([]error, len(ops))
 	valid := validOps(ops, validateOp, errs)
-	res := b.sock.do(len(valid), func(j int) (uint16, []byte) { return b.message(ops[valid[j]]) })
+	res := b.sock.do(len(valid), func(j int) nlPayload {
+		return func(buf []byte) ([]byte, uint16, uint16) { return b.message(ops[valid[j]], buf) }
+	})
 	for j, i := range valid {
 		switch {
 		case res[j].lost != nil:

@@ -2,6 +2,7 @@ package linux
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -228,26 +229,25 @@ func (l *Links) unbindOther(link netlink.Link, dev string, addr netip.Addr, addr
 	return nil
 }
 
-// addrRequest is the rtnetlink request binding (RTM_NEWADDR, NLM_F_EXCL:
-// a bound address answers EEXIST) or unbinding (RTM_DELADDR) addr as a
-// host prefix on the device with index idx, as netlink's AddrAdd/AddrDel
-// build it for a host prefix (no broadcast, no label, no lifetimes).
-func addrRequest(kind kernel.AddressOpKind, idx int, addr netip.Addr) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(unix.RTM_DELADDR, 0)
+// appendAddrRequest appends the payload of the rtnetlink request binding
+// (RTM_NEWADDR, NLM_F_EXCL: a bound address answers EEXIST) or unbinding
+// (RTM_DELADDR) addr as a host prefix on the device with index idx, as
+// netlink's AddrAdd/AddrDel build it for a host prefix (no broadcast, no
+// label, no lifetimes), and returns its type and flags.
+func appendAddrRequest(buf []byte, kind kernel.AddressOpKind, idx int, addr netip.Addr) ([]byte, uint16, uint16) {
+	typ, flags := uint16(unix.RTM_DELADDR), uint16(0)
 	if kind == kernel.BindAddress {
-		req = nl.NewNetlinkRequest(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+		typ, flags = unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL
 	}
-	family := unix.AF_INET
+	family := uint8(unix.AF_INET)
 	if addr.Is6() {
 		family = unix.AF_INET6
 	}
-	msg := nl.NewIfAddrmsg(family)
-	msg.Index = uint32(idx)
-	msg.Prefixlen = uint8(addr.BitLen())
-	req.AddData(msg)
-	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, addr.AsSlice()))
-	req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, addr.AsSlice()))
-	return req
+	buf = append(buf, family, uint8(addr.BitLen()), 0, 0) // ifaddrmsg: family, prefix length, flags, scope
+	buf = binary.NativeEndian.AppendUint32(buf, uint32(idx))
+	buf = nlaAddr(buf, unix.IFA_LOCAL, addr)
+	buf = nlaAddr(buf, unix.IFA_ADDRESS, addr)
+	return buf, typ, flags
 }
 
 // ApplyAddresses binds and unbinds addresses on dev in batches of many
@@ -289,9 +289,11 @@ func (l *Links) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
 		return errs
 	}
 	idx := link.Attrs().Index
-	res := l.batch.do(len(valid), func(j int) (uint16, []byte) {
+	res := l.batch.do(len(valid), func(j int) nlPayload {
 		op := ops[valid[j]]
-		return requestPayload(addrRequest(op.Kind, idx, op.Addr.Unmap()))
+		return func(buf []byte) ([]byte, uint16, uint16) {
+			return appendAddrRequest(buf, op.Kind, idx, op.Addr.Unmap())
+		}
 	})
 	var other []int // unbinds that found no host prefix
 	for j, i := range valid {

@@ -8,7 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,20 +86,14 @@ func newNLBatch(proto int) (*nlBatch, error) {
 
 func (b *nlBatch) close() { unix.Close(b.fd) }
 
-// requestPayload is what follows the netlink header of req (its family
-// header and attributes): the project's request builders produce
-// nl.NetlinkRequests, the batch supplies header, flags and sequence.
-func requestPayload(req *nl.NetlinkRequest) (uint16, []byte) {
-	var out []byte
-	for _, d := range req.Data {
-		out = append(out, d.Serialize()...)
-	}
-	return req.Type, out
-}
+// nlPayload appends one request's payload (what follows its netlink
+// header) to buf and returns the grown buf, the message type and the
+// request flags beside NLM_F_REQUEST (NLM_F_ACK is the batch's).
+type nlPayload func(buf []byte) (out []byte, typ, flags uint16)
 
-// do sends n requests, msg(j) giving the type and payload of the j-th, in
-// as few batches as the limits allow, and returns the answer to each.
-func (b *nlBatch) do(n int, msg func(j int) (typ uint16, payload []byte)) []nlResult {
+// do sends n requests, msg(j) writing the j-th, in as few batches as the
+// limits allow, and returns the answer to each.
+func (b *nlBatch) do(n int, msg func(j int) nlPayload) []nlResult {
 	res := make([]nlResult, n)
 	for done := 0; done < n; {
 		if b.seq > math.MaxUint32-maxBatchOps {
@@ -111,8 +104,7 @@ func (b *nlBatch) do(n int, msg func(j int) (typ uint16, payload []byte)) []nlRe
 		k, lastAt := 0, 0
 		for done+k < n && k < maxBatchOps && len(b.buf) < maxBatchBytes {
 			b.seq++
-			typ, payload := msg(done + k)
-			lastAt = b.message(typ, b.seq, payload)
+			lastAt = b.message(b.seq, msg(done+k))
 			k++
 		}
 		// Only the last message asks for an ACK: failures are answered
@@ -131,16 +123,19 @@ func (b *nlBatch) do(n int, msg func(j int) (typ uint16, payload []byte)) []nlRe
 	return res
 }
 
-// message appends one request to b.buf, 4-byte aligned, and returns its
-// offset.
-func (b *nlBatch) message(typ uint16, seq uint32, payload []byte) int {
+// message appends one request to b.buf, its payload written by payload
+// after the header, 4-byte aligned, and returns its offset.
+func (b *nlBatch) message(seq uint32, payload nlPayload) int {
 	start := len(b.buf)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, uint32(unix.NLMSG_HDRLEN+len(payload)))
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, typ)
-	b.buf = binary.NativeEndian.AppendUint16(b.buf, unix.NLM_F_REQUEST)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, seq)
-	b.buf = binary.NativeEndian.AppendUint32(b.buf, 0) // port id: the kernel
-	b.buf = append(b.buf, payload...)
+	b.buf = append(b.buf, make([]byte, unix.NLMSG_HDRLEN)...)
+	buf, typ, flags := payload(b.buf)
+	b.buf = buf
+	hdr := b.buf[start:]
+	binary.NativeEndian.PutUint32(hdr[0:], uint32(len(b.buf)-start))
+	binary.NativeEndian.PutUint16(hdr[4:], typ)
+	binary.NativeEndian.PutUint16(hdr[6:], unix.NLM_F_REQUEST|flags)
+	binary.NativeEndian.PutUint32(hdr[8:], seq)
+	binary.NativeEndian.PutUint32(hdr[12:], 0) // port id: the kernel
 	for len(b.buf)%unix.NLMSG_ALIGNTO != 0 {
 		b.buf = append(b.buf, 0)
 	}

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"time"
 
@@ -66,6 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	endpoints := fs.Int("endpoints", 2, "endpoints per Service (2..90)")
 	unbatched := fs.Bool("unbatched", false, "one netlink request per kernel write: IPVS, ipset entries and kube-ipvs0 addresses (the baseline before batching)")
 	chunkOps := fs.Int("chunk-ops", 0, "apply the cold start as Deltas of at most this many estimated kernel operations (0: one Delta)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the cold start to this file (a diagnosis aid)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -115,7 +117,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for i := range svcs {
 		svcs[i] = service(i, 0)
 	}
-	if err := coldStart(ctx, r, svcs, *chunkOps, &res); err != nil {
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
+	err = coldStart(ctx, r, svcs, *chunkOps, &res)
+	if *cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		return err
 	}
 
