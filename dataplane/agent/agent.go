@@ -290,7 +290,21 @@ func nonLoopback(targets []string) []string {
 // NewLinuxKernel opens every kernel subsystem of the caller's network
 // namespace. IPVS is probed (a dummy virtual server is added and read back)
 // because opening the netlink family succeeds even without the module.
+// The whole process must be in that namespace (as the agent always is):
+// the iptables tools are probed from another goroutine, and later run from
+// any.
 func NewLinuxKernel(ctx context.Context, log *zap.Logger) (kernel.Kernel, error) {
+	// Finding the iptables backend runs tools (a process start each: about
+	// 0.2 s in the VM test bed); it goes on while the netlink handles open.
+	type iptResult struct {
+		ipt *linux.IPTables
+		err error
+	}
+	iptc := make(chan iptResult, 1)
+	go func() {
+		ipt, err := linux.NewIPTables(ctx, linux.IPTablesOptions{Logger: log.Named("iptables")})
+		iptc <- iptResult{ipt, err}
+	}()
 	// Netlink handles bind to the creating thread's namespace; the agent runs
 	// in one namespace, but pin the thread while opening them anyway.
 	runtime.LockOSThread()
@@ -307,7 +321,8 @@ func NewLinuxKernel(ctx context.Context, log *zap.Logger) (kernel.Kernel, error)
 	if err != nil {
 		return kernel.Kernel{}, fmt.Errorf("ipsets: %w", err)
 	}
-	ipt, err := linux.NewIPTables(ctx, linux.IPTablesOptions{Logger: log.Named("iptables")})
+	r := <-iptc
+	ipt, err := r.ipt, r.err
 	if err != nil {
 		return kernel.Kernel{}, fmt.Errorf("iptables: %w", err)
 	}

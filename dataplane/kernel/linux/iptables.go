@@ -65,50 +65,104 @@ func NewIPTables(ctx context.Context, opts IPTablesOptions) (*IPTables, error) {
 	var version string
 	switch backend {
 	case "":
+		// The probes run at once: each is a process start, slow on a
+		// small or emulated node (iptables-nft-save ~140 ms in the VM
+		// test bed), and the agent waits for them before it connects.
+		both := hasVariant(kernel.BackendNFT) && hasVariant(kernel.BackendLegacy)
+		rules := map[kernel.Backend]<-chan ruleCount{}
+		if both {
+			for _, b := range []kernel.Backend{kernel.BackendNFT, kernel.BackendLegacy} {
+				rules[b] = async(func() ruleCount {
+					n, err := countRules(ctx, variant("iptables", b)+"-save")
+					return ruleCount{n, err}
+				})
+			}
+		}
 		def, ver, err := toolVersion(ctx, "iptables")
+		if both {
+			nft, legacy := <-rules[kernel.BackendNFT], <-rules[kernel.BackendLegacy]
+			if err == nil {
+				nDef, nAlt := legacy, nft
+				if def == kernel.BackendNFT {
+					nDef, nAlt = nft, legacy
+				}
+				if alt := otherBackend(def); nDef.err == nil && nAlt.err == nil && nAlt.n > nDef.n {
+					log.Info("iptables: using the backend that holds the host's rules",
+						zap.String("backend", string(alt)), zap.Int("rules", nAlt.n), zap.String("default", string(def)), zap.Int("default_rules", nDef.n))
+					def = alt
+				}
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
 		backend, version = def, ver
-		if alt := otherBackend(def); hasVariant(alt) && hasVariant(def) {
-			nDef, errDef := countRules(ctx, variant("iptables", def)+"-save")
-			nAlt, errAlt := countRules(ctx, variant("iptables", alt)+"-save")
-			if errDef == nil && errAlt == nil && nAlt > nDef {
-				log.Info("iptables: using the backend that holds the host's rules",
-					zap.String("backend", string(alt)), zap.Int("rules", nAlt), zap.String("default", string(def)), zap.Int("default_rules", nDef))
-				backend = alt
-			}
-		}
 	case kernel.BackendLegacy, kernel.BackendNFT:
 	default:
 		return nil, fmt.Errorf("iptables: unknown backend %q: %w", backend, kernel.ErrInvalid)
 	}
-	cmds := map[kernel.Family]iptCommands{}
-	for fam, base := range map[kernel.Family]string{kernel.FamilyIPv4: "iptables", kernel.FamilyIPv6: "ip6tables"} {
-		name := base
+	families := []kernel.Family{kernel.FamilyIPv4, kernel.FamilyIPv6}
+	names := map[kernel.Family]string{kernel.FamilyIPv4: "iptables", kernel.FamilyIPv6: "ip6tables"}
+	checks := map[kernel.Family]<-chan toolCheck{}
+	for _, fam := range families {
 		if hasVariant(backend) {
-			name = variant(base, backend)
+			names[fam] = variant(names[fam], backend)
 		}
-		got, ver, err := toolVersion(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		if got != backend {
-			return nil, fmt.Errorf("iptables: %s is %s, wanted %s: %w", name, got, backend, kernel.ErrUnsupported)
+		checks[fam] = async(func() toolCheck {
+			got, ver, err := toolVersion(ctx, names[fam])
+			return toolCheck{got, ver, err}
+		})
+	}
+	cmds := map[kernel.Family]iptCommands{}
+	var firstErr error
+	for _, fam := range families {
+		name, c := names[fam], <-checks[fam]
+		switch {
+		case firstErr != nil:
+			continue // drain the other check
+		case c.err != nil:
+			firstErr = c.err
+			continue
+		case c.backend != backend:
+			firstErr = fmt.Errorf("iptables: %s is %s, wanted %s: %w", name, c.backend, backend, kernel.ErrUnsupported)
+			continue
 		}
 		if fam == kernel.FamilyIPv4 {
-			version = ver
+			version = c.version
 		}
 		cmds[fam] = iptCommands{restore: name + "-restore", save: name + "-save"}
-		for _, c := range []string{cmds[fam].restore, cmds[fam].save} {
-			if _, err := exec.LookPath(c); err != nil {
-				return nil, fmt.Errorf("iptables: %s not found: %w", c, kernel.ErrUnsupported)
+		for _, tool := range []string{cmds[fam].restore, cmds[fam].save} {
+			if _, err := exec.LookPath(tool); err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("iptables: %s not found: %w", tool, kernel.ErrUnsupported)
 			}
 		}
+	}
+	if firstErr != nil {
+		return nil, firstErr
 	}
 	info := kernel.IPTablesInfo{Backend: backend, Version: version, RandomFully: versionAtLeast(version, 1, 6, 2)}
 	log.Info("iptables ready", zap.String("backend", string(info.Backend)), zap.String("version", info.Version), zap.Bool("random_fully", info.RandomFully))
 	return &IPTables{info: info, cmds: cmds, wait: wait, log: log}, nil
+}
+
+// ruleCount and toolCheck are the outcomes of detection probes run at once.
+type ruleCount struct {
+	n   int
+	err error
+}
+
+type toolCheck struct {
+	backend kernel.Backend
+	version string
+	err     error
+}
+
+// async runs f on its own goroutine; its result arrives on the channel
+// (buffered: the goroutine never waits for a reader).
+func async[T any](f func() T) <-chan T {
+	ch := make(chan T, 1)
+	go func() { ch <- f() }()
+	return ch
 }
 
 func otherBackend(b kernel.Backend) kernel.Backend {
