@@ -136,7 +136,7 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 		rollouts: newTracker[string, model.Rollout](),
 	}
 	w.runner = newRunner(w.sync, opts.MinInterval, opts.MaxInterval, opts.RetryInterval, opts.Clock)
-	w.factory = informers.NewSharedInformerFactory(client, 0)
+	w.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(slimForCache))
 	// Like kube-proxy: Services/slices handed to another proxy, and headless
 	// slices, are filtered by the API server. Per-informer selectors keep it
 	// to one factory without filtering Nodes.
@@ -170,6 +170,9 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 		}
 		w.dynFactory = dynamicinformer.NewDynamicSharedInformerFactory(opts.Dynamic, 0)
 		w.rolloutInf = w.dynFactory.ForResource(v1alpha1.Resource).Informer()
+		if err := w.rolloutInf.SetTransform(slimForCache); err != nil {
+			return nil, fmt.Errorf("watch: rollout informer transform: %w", err)
+		}
 		handlers = append(handlers, struct {
 			inf cache.SharedIndexInformer
 			f   func(old, cur any)
