@@ -41,8 +41,12 @@ func TestFanoutBench(t *testing.T) {
 	// FANOUT_CP_ARGS: extra control-plane flags (space-separated), e.g. to
 	// compare a setting's effect in two runs.
 	cpArgs := strings.Fields(os.Getenv("FANOUT_CP_ARGS"))
+	// FANOUT_CP_ENV: extra environment of the control plane only
+	// (space-separated KEY=VALUE), e.g. GOMEMLIMIT=921MiB for what the
+	// shipped 1 GiB memory limit sets (internal/memlimit).
+	cpEnv := strings.Fields(os.Getenv("FANOUT_CP_ENV"))
 	rep := fanout.Run(t, fanout.Options{Size: size, Timeout: 30 * time.Minute, ReadyTimeout: 20 * time.Minute, IdleWindow: 10 * time.Second,
-		VerifyAgents: verify, Notes: notes, Out: os.Getenv("FANOUT_OUT"), ControlPlaneArgs: cpArgs})
+		VerifyAgents: verify, Notes: notes, Out: os.Getenv("FANOUT_OUT"), ControlPlaneArgs: cpArgs, ControlPlaneEnv: cpEnv})
 	if len(rep.Problems) > 0 {
 		t.Fatalf("problems: %v", rep.Problems)
 	}

@@ -73,7 +73,7 @@ type cpProc struct {
 // and --metrics-address on free loopback ports (found by bind-and-release),
 // logging to dir/controlplane-<attempt>.log. It does not wait
 // (awaitServing).
-func startControlPlane(bin, dir string, attempt int, args []string) (*cpProc, error) {
+func startControlPlane(bin, dir string, attempt int, args, env []string) (*cpProc, error) {
 	// Two distinct ports: both are held until both are picked, then
 	// released for the replica to bind.
 	var lns []net.Listener
@@ -100,6 +100,9 @@ func startControlPlane(bin, dir string, attempt int, args []string) (*cpProc, er
 	}
 	p.cmd = exec.Command(bin, p.Args...)
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
+	if len(env) > 0 {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	// Own process group, killed if the test's thread dies: no leaked
 	// replica holding ports.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

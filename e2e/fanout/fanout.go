@@ -67,6 +67,9 @@ type Options struct {
 	// ControlPlaneArgs are extra vsplane-controlplane flags (after the
 	// benchmark's own: --kubeconfig, --listen, TLS files, --metrics-address "").
 	ControlPlaneArgs []string
+	// ControlPlaneEnv is extra environment (KEY=VALUE) of the control
+	// plane's process, beside this process's own.
+	ControlPlaneEnv []string
 	// IdleWindow is how long the idle baseline (every agent connected,
 	// nothing changing) is measured (default 5s).
 	IdleWindow time.Duration
@@ -250,7 +253,7 @@ func (b *bench) setup() {
 		args = append(args, "--profiling") // heap profiles (profile.go)
 	}
 	for attempt := 0; ; attempt++ {
-		p, err := startControlPlane(bin.bin, b.dir, attempt, args)
+		p, err := startControlPlane(bin.bin, b.dir, attempt, args, b.o.ControlPlaneEnv)
 		if err != nil {
 			b.fatalf("%v", err)
 		}
@@ -277,7 +280,7 @@ func (b *bench) setup() {
 		b.rep.ControlPlane.ReadySeconds = secs(b.clk.now() - started)
 		break
 	}
-	b.rep.ControlPlane.Args = b.cp.Args
+	b.rep.ControlPlane.Args, b.rep.ControlPlane.Env = b.cp.Args, b.o.ControlPlaneEnv
 	st, err := readProcStat(b.cp.Pid())
 	if err != nil {
 		b.fatalf("control plane /proc: %v", err)
@@ -625,7 +628,7 @@ func (b *bench) finish() {
 	}
 	b.rep.Notes = append(b.rep.Notes, b.o.Notes...)
 	b.rep.Notes = append(b.rep.Notes,
-		"Agents, writers and the harness share one process (test_process_cpu_seconds); the control plane is its own process (vsplane-controlplane with its default flags plus the ones in control_plane.args); CPU from /proc/<pid>/stat, peak RSS = VmHWM.",
+		"Agents, writers and the harness share one process (test_process_cpu_seconds); the control plane is its own process (vsplane-controlplane with its default flags plus the ones in control_plane.args, with control_plane.env if set); CPU from /proc/<pid>/stat, peak RSS = VmHWM.",
 		"Latencies are taken in this process on one monotonic clock: a write's time is when the API server's response arrived, an Ack's when the agent's Apply returned and the client sends it.",
 		"At most GOMAXPROCS agents apply at once (a semaphore around the reconciler's Apply): with all of them runnable the gRPC transport goroutines starved (keepalive and TLS-handshake timeouts, retried streams) in early runs; the wait for a slot is part of the agent's time, after 'received'.",
 		"Agents run the reconciler with a 1h full-reconcile period (as the integration tests' agents), so no periodic full reconcile runs during the measurement.",

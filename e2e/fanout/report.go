@@ -91,6 +91,8 @@ type Setup struct {
 // ControlPlaneStats is the replica process over the whole run.
 type ControlPlaneStats struct {
 	Args []string `json:"args"`
+	// Env is the extra environment it ran with (Options.ControlPlaneEnv).
+	Env []string `json:"env,omitempty"`
 	// ReadySeconds: process start until its health said SERVING (informers
 	// synced, first full computation of every node committed).
 	ReadySeconds       float64 `json:"ready_seconds"`
@@ -309,6 +311,9 @@ func (rep *Report) Markdown() string {
 		rep.Time, rep.Host.CPUs, rep.Host.LoadAvgBefore, rep.Host.LoadAvgAfter, rep.Transport)
 	fmt.Fprintf(&b, "Code: %s with %d uncommitted changes under controlplane/, dataplane/, internal/, proto/ (listed in the JSON).\n\n",
 		rep.Source.GitHead, len(rep.Source.Uncommitted))
+	if len(rep.ControlPlane.Env) > 0 {
+		fmt.Fprintf(&b, "Control plane run with %s.\n\n", strings.Join(rep.ControlPlane.Env, " "))
+	}
 	b.WriteString("| goal | measured | target | ratio | |\n|---|---:|---:|---:|---|\n")
 	for _, g := range rep.Goals {
 		mark := "met"
