@@ -105,11 +105,13 @@ func NewIPTables(ctx context.Context, opts IPTablesOptions) (*IPTables, error) {
 	names := map[kernel.Family]string{kernel.FamilyIPv4: "iptables", kernel.FamilyIPv6: "ip6tables"}
 	checks := map[kernel.Family]<-chan toolCheck{}
 	for _, fam := range families {
+		name := names[fam]
 		if hasVariant(backend) {
-			names[fam] = variant(names[fam], backend)
+			name = variant(name, backend)
 		}
+		names[fam] = name
 		checks[fam] = async(func() toolCheck {
-			got, ver, err := toolVersion(ctx, names[fam])
+			got, ver, err := toolVersion(ctx, name)
 			return toolCheck{got, ver, err}
 		})
 	}
