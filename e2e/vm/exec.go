@@ -106,7 +106,16 @@ func (v *VM) Run(ctx context.Context, cmd string) (Result, error) {
 // /sys/class/net shows the root's devices (use "/usr/sbin/ip netns exec" in
 // the root namespace where that matters).
 func (v *VM) RunIn(ctx context.Context, netns, cmd string) (Result, error) {
-	resp, err := v.call(ctx, wire.Request{Op: wire.OpRun, Cmd: cmd, Netns: netns, TimeoutMS: guestTimeout(ctx)})
+	return v.RunInWithInput(ctx, netns, cmd, nil)
+}
+
+// RunInWithInput is RunIn with stdin (e.g. a file's content for "cat > F";
+// wire.MaxOutput bounds it like the output).
+func (v *VM) RunInWithInput(ctx context.Context, netns, cmd string, stdin []byte) (Result, error) {
+	if len(stdin) > wire.MaxOutput {
+		return Result{}, fmt.Errorf("stdin of %d bytes is over %d", len(stdin), wire.MaxOutput)
+	}
+	resp, err := v.call(ctx, wire.Request{Op: wire.OpRun, Cmd: cmd, Netns: netns, Stdin: stdin, TimeoutMS: guestTimeout(ctx)})
 	if err != nil {
 		return Result{}, err
 	}

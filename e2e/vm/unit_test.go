@@ -79,3 +79,26 @@ func TestFindRepoRoot(t *testing.T) {
 		t.Error("found a repo root above a temp dir")
 	}
 }
+
+// TestOptionsRejectBadDisksAndForwards: a missing disk, a directory as a
+// disk, a comma in its path, and out-of-range or vmexec's hostfwd ports are
+// errors before anything boots.
+func TestOptionsRejectBadDisksAndForwards(t *testing.T) {
+	dir := t.TempDir()
+	comma := filepath.Join(dir, "a,b.img")
+	if err := os.WriteFile(comma, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, o := range map[string]Options{
+		"missing disk":   {Disks: []string{filepath.Join(dir, "absent.img")}},
+		"directory disk": {Disks: []string{dir}},
+		"comma":          {Disks: []string{comma}},
+		"port 0":         {HostFwdPorts: []int{0}},
+		"vmexec's port":  {HostFwdPorts: []int{guestExecPt}},
+	} {
+		o.RepoRoot, o.CacheDir = dir, dir
+		if err := o.defaults(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

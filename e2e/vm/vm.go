@@ -39,6 +39,9 @@ type Options struct {
 	// GuestFwdPorts are host loopback TCP ports the guest reaches as
 	// 198.19.255.100:PORT (one socat per connection, QEMU's guestfwd cmd: form).
 	GuestFwdPorts []int
+	// HostFwdPorts are guest TCP ports (on GuestIP, the root namespace) the
+	// host reaches at HostFwdAddr(port), a free 127.0.0.1 port picked at boot.
+	HostFwdPorts []int
 	// GoPackages are extra packages (./path or import path) built with
 	// CGO_ENABLED=0 into the guest's /usr/local/bin; vmexec and e2ehelper are
 	// always included.
@@ -48,6 +51,14 @@ type Options struct {
 	// Trees are host directories copied into the guest (e.g. an unpacked
 	// container image to chroot into), appended to the initramfs.
 	Trees []Tree
+	// Disks are host files attached read-only as virtio disks, /dev/vda,
+	// /dev/vdb, ... in order (e.g. an ext4 image of the real nodes'
+	// binaries and container images, e2e/nodes).
+	Disks []string
+	// TmpfsRoot makes /init copy the initramfs into a tmpfs and switch_root
+	// into it before anything starts: container runtimes pivot_root, which
+	// the initramfs (rootfs) cannot be pivoted away from.
+	TmpfsRoot bool
 	// KernelArgs are appended to the kernel command line.
 	KernelArgs []string
 	// BootTimeout bounds the build plus the boot (default 3 minutes).
@@ -64,7 +75,8 @@ type VM struct {
 	workDir  string
 	console  string
 	qemuOut  string
-	execAddr string // host address of vmexec (hostfwd)
+	execAddr string         // host address of vmexec (hostfwd)
+	hostFwd  map[int]string // guest port -> host address (Options.HostFwdPorts)
 
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when qemu has exited
@@ -123,6 +135,11 @@ func (o *Options) defaults() error {
 	if o.CacheDir == "" {
 		o.CacheDir = filepath.Join(o.RepoRoot, ".cache", "vm")
 	}
+	for _, p := range o.HostFwdPorts {
+		if p <= 0 || p > 65535 || p == guestExecPt {
+			return fmt.Errorf("vm.Options.HostFwdPorts: %d is out of range or vmexec's", p)
+		}
+	}
 	if o.MemoryMB < 0 || o.CPUs < 0 || o.BootTimeout < 0 {
 		return fmt.Errorf("negative MemoryMB, CPUs or BootTimeout in vm.Options")
 	}
@@ -137,6 +154,16 @@ func (o *Options) defaults() error {
 	}
 	if o.Log == nil {
 		o.Log = zap.NewNop()
+	}
+	for _, d := range o.Disks {
+		if st, err := os.Stat(d); err != nil {
+			return fmt.Errorf("vm.Options.Disks: %w", err)
+		} else if !st.Mode().IsRegular() {
+			return fmt.Errorf("vm.Options.Disks: %s is not a regular file", d)
+		}
+		if strings.ContainsAny(d, ",") {
+			return fmt.Errorf("vm.Options.Disks: %s: QEMU cannot take a comma in a path", d)
+		}
 	}
 	return nil
 }
@@ -204,18 +231,34 @@ func (v *VM) boot(ctx context.Context, kernel, fwd string) error {
 
 func (v *VM) startQEMU(kernel, initrd string, hostPort int, fwd string) error {
 	v.execAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort))
+	v.hostFwd = map[int]string{}
+	for _, gp := range v.opts.HostFwdPorts {
+		hp, err := freePort()
+		if err != nil {
+			return err
+		}
+		v.hostFwd[gp] = net.JoinHostPort("127.0.0.1", strconv.Itoa(hp))
+		fwd += fmt.Sprintf(",hostfwd=tcp:%s-%s:%d", v.hostFwd[gp], GuestIP, gp)
+	}
+	kargs := []string{
+		"console=ttyS0", "panic=-1", "quiet", "cryptomgr.notests", "mitigations=off",
+		"vsplane.vmexec_port=" + strconv.Itoa(guestExecPt),
+	}
+	if v.opts.TmpfsRoot {
+		kargs = append(kargs, "vsplane.tmpfsroot=1")
+	}
 	args := []string{
 		"-accel", "tcg", // KVM hangs a standard kernel on this host
 		"-m", strconv.Itoa(v.opts.MemoryMB), "-smp", strconv.Itoa(v.opts.CPUs),
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-serial", "file:" + v.console,
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", strings.Join(append([]string{
-			"console=ttyS0", "panic=-1", "quiet", "cryptomgr.notests", "mitigations=off",
-			"vsplane.vmexec_port=" + strconv.Itoa(guestExecPt),
-		}, v.opts.KernelArgs...), " "),
+		"-append", strings.Join(append(kargs, v.opts.KernelArgs...), " "),
 		"-nic", fmt.Sprintf("user,model=virtio-net-pci,restrict=on,net=%s,host=%s,hostfwd=tcp:%s-%s:%d%s",
 			userNet, GatewayIP, v.execAddr, GuestIP, guestExecPt, fwd),
+	}
+	for _, d := range v.opts.Disks {
+		args = append(args, "-drive", "file="+d+",format=raw,if=virtio,readonly=on,cache=unsafe")
 	}
 	out, err := os.Create(v.qemuOut)
 	if err != nil {
@@ -293,6 +336,10 @@ func (v *VM) consoleSays(marker string) bool {
 	return err == nil && strings.Contains(string(data), marker)
 }
 
+// HostFwdAddr is the host address (127.0.0.1:PORT) forwarded to guestPort
+// in the VM's root namespace, one of Options.HostFwdPorts; "" for others.
+func (v *VM) HostFwdAddr(guestPort int) string { return v.hostFwd[guestPort] }
+
 // WorkDir holds the console log, QEMU's output and the initramfs.
 func (v *VM) WorkDir() string { return v.workDir }
 
@@ -342,3 +389,7 @@ func freePort() (int, error) {
 	}
 	return addr.Port, nil
 }
+
+// ExecAddr is the host address of the guest's vmexec (for tools that drive
+// a booted VM from outside the test process).
+func (v *VM) ExecAddr() string { return v.execAddr }

@@ -56,6 +56,7 @@ MOD_ONE=(
   drivers/net/dummy drivers/net/veth drivers/net/virtio_net drivers/virtio/virtio_pci
   lib/libcrc32c arch/x86/crypto/crc32c-intel net/ipv4/inet_diag net/ipv4/tcp_diag
   net/ipv4/udp_diag net/ipv4/raw_diag net/core/failover drivers/net/net_failover
+  drivers/block/virtio_blk fs/ext4/ext4 fs/overlayfs/overlay
 )
 # Loaded by /init at boot (what the bed itself uses). Everything else loads on
 # demand through /sbin/modprobe: IPVS schedulers, ipset types, xt matches and

@@ -24,6 +24,10 @@ declare -A NEED=(
   [dpkg-deb]=dpkg
   [xz]=xz-utils
   [dash]=dash
+  # The real-node test bed (e2e/nodes): the OCI runtime its containerd runs
+  # (copied with its libraries onto the node disk) and mkfs.ext4 for that disk.
+  [runc]=runc
+  [mkfs.ext4]=e2fsprogs
 )
 APT=(apt-get -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends)
 
