@@ -20,6 +20,11 @@ import (
 // --client-ca-file for the server and as the trust root for clients.
 type pki struct {
 	caCert, serverCert, serverKey, clientCert, clientKey, saKey []byte
+
+	// The CA itself signs further client certificates (kubelets,
+	// controllers: issueClient). Its key is never written to disk.
+	ca    *x509.Certificate
+	caKey *ecdsa.PrivateKey
 }
 
 // files lists where writePKI put each file.
@@ -55,10 +60,11 @@ func certPEM(tmpl, parent *x509.Certificate, pub, signer any) (*x509.Certificate
 	return c, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
-// newPKI generates a CA, a serving cert for 127.0.0.1/localhost, an admin
-// client cert (system:masters) and a service-account signing key. ECDSA P-256
-// keeps generation in the millisecond range.
-func newPKI() (*pki, error) {
+// newPKI generates a CA, a serving cert for 127.0.0.1/localhost (and
+// serverIPs: the advertised address, the kubernetes Service's ClusterIP), an
+// admin client cert (system:masters) and a service-account signing key. ECDSA
+// P-256 keeps generation in the millisecond range.
+func newPKI(serverIPs ...net.IP) (*pki, error) {
 	now := time.Now().Add(-time.Hour) // tolerate small clock skew
 	notAfter := now.Add(10 * 24 * time.Hour)
 	var p pki
@@ -85,7 +91,7 @@ func newPKI() (*pki, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ca cert: %w", err)
 	}
-	p.caCert = caPEM
+	p.caCert, p.ca, p.caKey = caPEM, ca, caKey
 
 	srvKey, srvKeyPEM, err := newKey()
 	if err != nil {
@@ -101,38 +107,45 @@ func newPKI() (*pki, error) {
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		IPAddresses:  append([]net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, serverIPs...),
+		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
 	}
 	if _, p.serverCert, err = certPEM(srvTmpl, ca, &srvKey.PublicKey, caKey); err != nil {
 		return nil, fmt.Errorf("server cert: %w", err)
 	}
 	p.serverKey = srvKeyPEM
 
-	cliKey, cliKeyPEM, err := newKey()
-	if err != nil {
-		return nil, fmt.Errorf("client key: %w", err)
-	}
-	if sn, err = serial(); err != nil {
-		return nil, err
-	}
-	cliTmpl := &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: "vsplane-admin", Organization: []string{"system:masters"}},
-		NotBefore:    now,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	if _, p.clientCert, err = certPEM(cliTmpl, ca, &cliKey.PublicKey, caKey); err != nil {
+	if p.clientCert, p.clientKey, err = p.issueClient("vsplane-admin", "system:masters"); err != nil {
 		return nil, fmt.Errorf("client cert: %w", err)
 	}
-	p.clientKey = cliKeyPEM
 
 	if _, p.saKey, err = newKey(); err != nil {
 		return nil, fmt.Errorf("service-account key: %w", err)
 	}
 	return &p, nil
+}
+
+// issueClient signs a client certificate for user cn in groups orgs.
+func (p *pki) issueClient(cn string, orgs ...string) (crt, keyPEM []byte, err error) {
+	key, keyPEM, err := newKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now().Add(-time.Hour)
+	tmpl := &x509.Certificate{
+		SerialNumber: sn,
+		Subject:      pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore:    now,
+		NotAfter:     now.Add(10 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	_, crt, err = certPEM(tmpl, p.ca, &key.PublicKey, p.caKey)
+	return crt, keyPEM, err
 }
 
 // write stores the files the apiserver needs (the client key stays in memory

@@ -59,6 +59,31 @@ type Options struct {
 	// ExtraAPIServerFlags are appended to the kube-apiserver command line
 	// (later flags win).
 	ExtraAPIServerFlags []string
+	// AdvertiseAddress, if set, is the address the apiserver publishes as
+	// the endpoint of Service default/kubernetes (its secure port on it; the
+	// lease endpoint reconciler on, as in a real cluster): where Pods reach
+	// it, e.g. the VM test bed's view of host loopback. It, and the
+	// Service's ClusterIP, are in the serving certificate. Empty: the
+	// apiserver advertises 127.0.0.1 and publishes no endpoint.
+	AdvertiseAddress string
+	// EgressProxySocket, if set, is the unix socket of an HTTP CONNECT
+	// proxy the apiserver dials kubelets and Pods through (its "cluster"
+	// egress selection): logs, exec, port-forward and the proxy
+	// subresources of a cluster it cannot route to. (Over TCP the
+	// apiserver insists on TLS: v1.37.2 dereferences a nil tlsConfig for
+	// an http:// proxy URL.)
+	EgressProxySocket string
+	// Controllers also runs kube-controller-manager and kube-scheduler
+	// (from BinDir) with client certificates of their own users, the
+	// cluster CA as --root-ca-file (ConfigMap kube-root-ca.crt in every
+	// namespace) and the service-account key: Deployments, DaemonSets,
+	// EndpointSlices and node lifecycle as in a real cluster.
+	Controllers bool
+	// ClusterCIDR, with Controllers, makes kube-controller-manager give
+	// every Node a Pod range of NodeCIDRMaskSize (default 24) bits from it
+	// (spec.podCIDR).
+	ClusterCIDR      string
+	NodeCIDRMaskSize int
 	// Logger receives progress messages; default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -82,6 +107,7 @@ type Env struct {
 	StartupDuration time.Duration
 
 	cfg      *rest.Config
+	pki      *pki
 	log      *zap.Logger
 	keepDir  bool
 	stopOnce sync.Once
@@ -188,7 +214,18 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 		}
 	}()
 
-	p, err := newPKI()
+	var serverIPs []net.IP
+	if opts.AdvertiseAddress != "" {
+		ip := net.ParseIP(opts.AdvertiseAddress)
+		if ip == nil {
+			return nil, fmt.Errorf("kubeenv: AdvertiseAddress %q is not an IP address", opts.AdvertiseAddress)
+		}
+		serverIPs = append(serverIPs, ip)
+	}
+	if first, err := firstServiceIP(opts.ServiceCIDR); err == nil {
+		serverIPs = append(serverIPs, first)
+	}
+	p, err := newPKI(serverIPs...)
 	if err != nil {
 		return nil, fmt.Errorf("kubeenv: generating certs: %w", err)
 	}
@@ -226,10 +263,14 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 	}
 	e.log.Debug("etcd ready", zap.String("url", e.EtcdURL), zap.Duration("after", time.Since(t0)))
 
+	advertise, reconciler := "127.0.0.1", "none"
+	if opts.AdvertiseAddress != "" {
+		advertise, reconciler = opts.AdvertiseAddress, "lease"
+	}
 	args := []string{
 		"--etcd-servers=" + e.EtcdURL,
 		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--advertise-address=" + advertise,
 		"--secure-port=" + strconv.Itoa(apiPort),
 		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
 		"--tls-cert-file=" + files.serverCert,
@@ -241,13 +282,32 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 		"--service-account-key-file=" + files.saKey,
 		"--service-account-signing-key-file=" + files.saKey,
 		"--service-cluster-ip-range=" + opts.ServiceCIDR,
-		// No real endpoints behind the "kubernetes" Service: 127.0.0.1 is
-		// not a routable endpoint and nothing should be reconciled.
-		"--endpoint-reconciler-type=none",
+		// Without an AdvertiseAddress no real endpoint is behind the
+		// "kubernetes" Service: 127.0.0.1 is not a routable endpoint and
+		// nothing should be reconciled.
+		"--endpoint-reconciler-type=" + reconciler,
 		"--profiling=false",
 		// As kubeadm and managed clusters do: the agent DaemonSet is
 		// privileged (deploy/), and dry-run applies must accept it.
 		"--allow-privileged=true",
+	}
+	if opts.Controllers {
+		// Nodes: the apiserver authenticates to kubelets with a client
+		// certificate of its own (system:masters, so their webhook
+		// authorization passes) and dials them by InternalIP only (a
+		// node name would be looked up in this machine's DNS).
+		kargs, err := writeKubeletClient(dir, p)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, kargs...)
+	}
+	if opts.EgressProxySocket != "" {
+		f, err := writeEgressConfig(dir, opts.EgressProxySocket)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--egress-selector-config-file="+f)
 	}
 	args = append(args, opts.ExtraAPIServerFlags...)
 	e.apiBin, e.apiArgs = filepath.Join(binDir, "kube-apiserver"), args
@@ -268,9 +328,15 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 		return nil, err
 	}
 	e.cfg = cfg
+	e.pki = p
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(e.Kubeconfig, kubeconfig(e.Host, p), 0o600); err != nil {
+	if err := os.WriteFile(e.Kubeconfig, kubeconfig(e.Host, p.caCert, "vsplane-admin", p.clientCert, p.clientKey), 0o600); err != nil {
 		return nil, fmt.Errorf("kubeenv: writing kubeconfig: %w", err)
+	}
+	if opts.Controllers {
+		if err := e.startControllers(ctx, opts, files); err != nil {
+			return nil, err
+		}
 	}
 	e.StartupDuration = time.Since(t0)
 	e.log.Info("kubeenv ready", zap.String("host", e.Host), zap.String("dir", dir),
@@ -469,8 +535,9 @@ func clientConfig(host string, p *pki) (*rest.Config, *http.Client, error) {
 	return cfg, hc, nil
 }
 
-// kubeconfig renders a self-contained kubeconfig (all data inline, base64).
-func kubeconfig(host string, p *pki) []byte {
+// kubeconfig renders a self-contained kubeconfig (all data inline, base64)
+// for user, authenticated by a client certificate.
+func kubeconfig(host string, ca []byte, user string, cert, key []byte) []byte {
 	b64 := base64.StdEncoding.EncodeToString
 	return []byte(`apiVersion: v1
 kind: Config
@@ -478,17 +545,17 @@ clusters:
 - name: vsplane-kubeenv
   cluster:
     server: ` + host + `
-    certificate-authority-data: ` + b64(p.caCert) + `
+    certificate-authority-data: ` + b64(ca) + `
 users:
-- name: vsplane-admin
+- name: ` + user + `
   user:
-    client-certificate-data: ` + b64(p.clientCert) + `
-    client-key-data: ` + b64(p.clientKey) + `
+    client-certificate-data: ` + b64(cert) + `
+    client-key-data: ` + b64(key) + `
 contexts:
 - name: vsplane-kubeenv
   context:
     cluster: vsplane-kubeenv
-    user: vsplane-admin
+    user: ` + user + `
 current-context: vsplane-kubeenv
 `)
 }
