@@ -5,13 +5,15 @@
 //	e2ehelper request --proto tcp|udp --addr HOST:PORT [--count N] [--timeout D] [--interval D] [--source-from IP --source-port P] [--stop-file PATH]
 //	e2ehelper hold    --addr HOST:PORT [--interval D] [--duration D] [--timeout D]
 //	e2ehelper wait    --addr HOST:PORT [--timeout D]
+//	e2ehelper connect-proxy [--listen ADDR] [--allow CIDR,...]
 //
 // serve answers every TCP connection and UDP datagram with "NAME from IP:PORT\n"
 // (the peer's address as the backend saw it); on TCP it then echoes each line
 // it receives as "NAME echo: LINE\n" until the peer closes, which lets hold keep
 // one long-lived connection. request prints one line per attempt and a summary
 // (see report); it exits 1 if any attempt failed. wait polls until a TCP
-// connection succeeds.
+// connection succeeds. connect-proxy tunnels HTTP CONNECT to targets in the
+// allowed ranges (the apiserver's way into the real-node test bed).
 package main
 
 import (
@@ -31,7 +33,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait [flags]")
+		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait|connect-proxy [flags]")
 		return 2
 	}
 	var err error
@@ -44,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = holdCmd(ctx, args[1:], stdout, stderr)
 	case "wait":
 		err = waitCmd(ctx, args[1:], stdout, stderr)
+	case "connect-proxy":
+		err = connectProxyCmd(ctx, args[1:], stdout, stderr)
 	default:
 		err = usageError(fmt.Sprintf("unknown command %q", args[0]))
 	}
