@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 CONTROLLER_GEN_VERSION     ?= v0.23.0
 
-.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube vm-deps bench bench-vm bench-kubeproxy images images-relock clean
+.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube nodes vm-deps bench bench-vm bench-kubeproxy images images-relock clean
 
 all: build
 
@@ -59,6 +59,9 @@ lint: check-generated
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 	cd scripts/images && $(GO) vet ./... && $(GO) mod tidy -diff
+	cd scripts/images/coredns && $(GO) vet ./... && $(GO) mod tidy -diff
+	cd scripts/nodes/containerd && $(GO) mod tidy -diff
+	cd scripts/nodes/cni && $(GO) mod tidy -diff
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
 	$(GO) vet -tags apicostbench ./e2e/apicost
@@ -73,13 +76,18 @@ check-generated: proto generate
 kube:
 	bash scripts/kube/build.sh
 
+## nodes: containerd, its shim, ctr and the CNI plugins of the real-node test bed into
+## .cache/nodes (cached; the kubelet comes with `make kube`)
+nodes:
+	bash scripts/nodes/build.sh
+
 ## vm-deps: QEMU, the Debian kernel and initramfs inputs (cached)
 vm-deps:
 	bash scripts/vm/deps.sh
 
 ## test: everything CI runs — lint, unit, real-apiserver integration, VM tests, the race
 ## detector over the concurrent packages, then fuzzing
-test: tools kube vm-deps lint
+test: tools kube nodes vm-deps lint
 	$(GO) test -count=1 -timeout 45m ./...
 	cd scripts/images && $(GO) test -count=1 ./...
 	$(MAKE) test-race
