@@ -19,54 +19,22 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
+
+	"github.com/vsplane/vsplane/e2e/imagebuild"
 )
 
-// Image is one image the builder printed: its name and manifest digest.
-type Image struct {
-	Ref    string // e.g. ghcr.io/vsplane/vsplane-agent:dev
-	Digest string // sha256:...
-}
-
-// Name is the last path element of Ref without the tag (vsplane-agent).
-func (i Image) Name() string {
-	n := path.Base(i.Ref)
-	n, _, _ = strings.Cut(n, ":")
-	return n
-}
+// Image is one image the builder printed (see imagebuild.Image).
+type Image = imagebuild.Image
 
 // Build runs the image builder (scripts/images, its own Go module) for the
 // checkout at root, writing into out, and returns the images it printed.
 // The builder's stderr (progress) is returned too.
 func Build(ctx context.Context, root, out string, env ...string) ([]Image, string, error) {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		if goBin, err = exec.LookPath("go"); err != nil {
-			return nil, "", fmt.Errorf("no go toolchain: %w", err)
-		}
-	}
-	cmd := exec.CommandContext(ctx, goBin, "run", ".", "-repo", root, "-out", out)
-	cmd.Dir = filepath.Join(root, "scripts", "images")
-	cmd.Env = append(os.Environ(), env...)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, stderr.String(), fmt.Errorf("scripts/images: %w\n%s", err, stderr.String())
-	}
-	var imgs []Image
-	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		ref, dig, ok := strings.Cut(l, "@")
-		if !ok || !strings.HasPrefix(dig, "sha256:") {
-			return nil, stderr.String(), fmt.Errorf("scripts/images printed %q, want REF@sha256:...", l)
-		}
-		imgs = append(imgs, Image{Ref: ref, Digest: dig})
-	}
-	return imgs, stderr.String(), nil
+	return imagebuild.Build(ctx, root, out, nil, env...)
 }
 
 // Config is the part of an OCI image config a runtime uses to start it.

@@ -26,6 +26,14 @@ var agentPackages = []string{
 	"libnetfilter-conntrack3", "libnfnetlink0", "libc6", "netbase",
 }
 
+// testbedPackages are the Debian packages the real-node test bed's images
+// name (testbed.go): busybox and agnhost's tools. The lock also pins the
+// libraries those tools need (libraryClosure, computed at relock).
+var testbedPackages = append([]string{"busybox-static"}, agnhostTools...)
+
+// namedPackages is every package debian.lock pins by name.
+func namedPackages() []string { return append(slices.Clone(agentPackages), testbedPackages...) }
+
 const multiarch = "usr/lib/x86_64-linux-gnu"
 
 // libDirs are where the dynamic linker looks without an ld.so.cache
@@ -106,8 +114,11 @@ func canonical(p string) string {
 }
 
 // lockEntry pins one .deb: the exact version and the file's sha256.
+// Library marks a package the lock holds because agnhost's tools need its
+// shared objects (libraryClosure), not because an image names it.
 type lockEntry struct {
 	Package, Version, File, SHA256 string
+	Library                        bool
 }
 
 func readLock(file string) ([]lockEntry, error) {
@@ -123,21 +134,25 @@ func readLock(file string) ([]lockEntry, error) {
 			continue
 		}
 		f := strings.Fields(line)
-		if len(f) != 4 {
-			return nil, fmt.Errorf("%s:%d: want 'package version file sha256', got %q", file, n, line)
+		if len(f) != 4 && (len(f) != 5 || f[4] != "library") {
+			return nil, fmt.Errorf("%s:%d: want 'package version file sha256 [library]', got %q", file, n, line)
 		}
-		out = append(out, lockEntry{Package: f[0], Version: f[1], File: f[2], SHA256: f[3]})
+		out = append(out, lockEntry{Package: f[0], Version: f[1], File: f[2], SHA256: f[3], Library: len(f) == 5})
 	}
 	return out, sc.Err()
 }
 
 func writeLock(file string, entries []lockEntry) error {
 	var b strings.Builder
-	b.WriteString("# The Debian packages of the vsplane-agent image (scripts/images), exactly.\n")
+	b.WriteString("# The Debian packages of the vsplane-agent image and the test bed's images (scripts/images), exactly.\n")
 	b.WriteString("# Regenerate with `make images-relock` (apt's current candidates); commit the result.\n")
-	b.WriteString("# package version file sha256\n")
+	b.WriteString("# package version file sha256 [library: pinned for the shared objects agnhost's tools need]\n")
 	for _, e := range entries {
-		fmt.Fprintf(&b, "%s %s %s %s\n", e.Package, e.Version, e.File, e.SHA256)
+		fmt.Fprintf(&b, "%s %s %s %s", e.Package, e.Version, e.File, e.SHA256)
+		if e.Library {
+			b.WriteString(" library")
+		}
+		b.WriteString("\n")
 	}
 	return os.WriteFile(file, []byte(b.String()), 0o644)
 }
@@ -257,22 +272,57 @@ func fetchLocked(cacheDir string, lock []lockEntry, logf func(string, ...any)) (
 	return out, nil
 }
 
-// checkLockCovers fails unless the lock pins exactly pkgs.
+// checkLockCovers fails unless the lock pins every package of pkgs, and
+// besides them only libraries (the tools' closure).
 func checkLockCovers(lock []lockEntry, pkgs []string) error {
-	var have []string
+	have := map[string]bool{}
 	for _, e := range lock {
-		have = append(have, e.Package)
+		have[e.Package] = true
+		if !slices.Contains(pkgs, e.Package) && !e.Library {
+			return fmt.Errorf("the lock pins %s, which no image uses: run `make images-relock`", e.Package)
+		}
 	}
-	if !slices.Equal(slices.Sorted(slices.Values(have)), slices.Sorted(slices.Values(pkgs))) {
-		return fmt.Errorf("the lock pins %v, the image needs %v: run `make images-relock`", have, pkgs)
+	for _, p := range pkgs {
+		if !have[p] {
+			return fmt.Errorf("the lock does not pin %s, which an image needs: run `make images-relock`", p)
+		}
 	}
 	return nil
 }
 
-// addDeb adds the files keepFromDeb selects from a .deb's data archive
-// (read through dpkg-deb, whatever its compression) to t, root-owned, with
-// the package's modes and symlinks.
-func addDeb(t *tree, pkg, deb string) (int, error) {
+// closureLibraries are the lock's library entries.
+func closureLibraries(lock []lockEntry) []string {
+	var out []string
+	for _, e := range lock {
+		if e.Library {
+			out = append(out, e.Package)
+		}
+	}
+	return out
+}
+
+// debFile returns one file of a .deb's data archive (p relative, as in the
+// package: "bin/busybox").
+func debFile(deb, p, tmp string) ([]byte, error) {
+	dir, err := os.MkdirTemp(tmp, "deb.")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if out, err := exec.Command("dpkg-deb", "-x", deb, dir).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("dpkg-deb -x %s: %v\n%s", deb, err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, p))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Base(deb), err)
+	}
+	return data, nil
+}
+
+// addDeb adds the files keep selects from a .deb's data archive (read
+// through dpkg-deb, whatever its compression) to t, root-owned, with the
+// package's modes and symlinks.
+func addDeb(t *tree, pkg, deb string, keep func(pkg, p string) bool) (int, error) {
 	cmd := exec.Command("dpkg-deb", "--fsys-tarfile", deb)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -300,7 +350,7 @@ func addDeb(t *tree, pkg, deb string) (int, error) {
 			continue // "./"
 		}
 		p = canonical(p)
-		if h.Typeflag == tar.TypeDir || !keepFromDeb(pkg, p) {
+		if h.Typeflag == tar.TypeDir || !keep(pkg, p) {
 			continue
 		}
 		switch h.Typeflag {

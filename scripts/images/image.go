@@ -24,10 +24,12 @@ const nonroot = 65532
 
 // imageSpec is one image: its layers (base first) and its config.
 type imageSpec struct {
-	Name       string // e.g. vsplane-agent
+	Name       string // e.g. vsplane-agent: the file names in the output directory
+	Ref        string // the full reference; empty: REGISTRY/NAME:TAG
 	Layers     []*tree
 	LayerNames []string // history: what each layer holds
 	Entrypoint []string
+	Cmd        []string
 	User       string
 	Labels     map[string]string
 }
@@ -76,7 +78,7 @@ func agentBase(debs map[string]string, logf func(string, ...any)) (*tree, error)
 		}
 	}
 	for _, pkg := range agentPackages {
-		n, err := addDeb(t, pkg, debs[pkg])
+		n, err := addDeb(t, pkg, debs[pkg], keepFromDeb)
 		if err != nil {
 			return nil, err
 		}
@@ -126,6 +128,7 @@ func (s imageSpec) build(mtime time.Time) (v1.Image, error) {
 		Created:      created,
 		Config: v1.Config{
 			Entrypoint: s.Entrypoint,
+			Cmd:        s.Cmd,
 			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			User:       s.User,
 			WorkingDir: "/",

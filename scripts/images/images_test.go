@@ -235,3 +235,64 @@ func TestSourceDateEpoch(t *testing.T) {
 		t.Error("a non-number is accepted")
 	}
 }
+
+// TestKeepToolsAndLibraries pins the selection of agnhost's Debian layer:
+// commands and ip's configuration from tool packages, shared objects and
+// the loader from libraries, no documentation or locales.
+func TestKeepToolsAndLibraries(t *testing.T) {
+	for _, p := range []string{"usr/bin/dig", "usr/bin/nc.openbsd", "usr/sbin/tc", "etc/iproute2/rt_tables", "usr/share/doc/curl/copyright"} {
+		pkg := "curl"
+		if !keepTool(pkg, p) {
+			t.Errorf("tool file %s dropped", p)
+		}
+	}
+	for _, p := range []string{"usr/share/man/man1/dig.1.gz", "usr/lib/x86_64-linux-gnu/libfoo.so.1", "etc/bash.bashrc"} {
+		if keepTool("curl", p) {
+			t.Errorf("tool file %s kept", p)
+		}
+	}
+	for _, p := range []string{"usr/lib/x86_64-linux-gnu/libcurl.so.4", "usr/lib/x86_64-linux-gnu/libcurl.so.4.8.0", "usr/lib64/ld-linux-x86-64.so.2"} {
+		if !keepLibrary("libcurl4", p) {
+			t.Errorf("library file %s dropped", p)
+		}
+	}
+	for _, p := range []string{"usr/lib/x86_64-linux-gnu/gconv/UTF-16.so", "usr/share/locale/de/LC_MESSAGES/x.mo", "usr/bin/curl"} {
+		if keepLibrary("libc6", p) {
+			t.Errorf("library file %s kept", p)
+		}
+	}
+}
+
+// TestLockLibraryColumn: the optional fifth column marks a library of the
+// tools' closure; anything else there, or a package no image names without
+// it, is an error.
+func TestLockLibraryColumn(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "lock")
+	entries := []lockEntry{{Package: "libc6", Version: "1", File: "a.deb", SHA256: "00", Library: true}, {Package: "iptables", Version: "2", File: "b.deb", SHA256: "11"}}
+	if err := writeLock(f, entries); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readLock(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got[0].Library || got[1].Library {
+		t.Fatalf("read back %+v", got)
+	}
+	if err := os.WriteFile(f, []byte("libc6 1 a.deb 00 maybe\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readLock(f); err == nil {
+		t.Error("a fifth column other than 'library' accepted")
+	}
+	if err := checkLockCovers([]lockEntry{{Package: "iptables"}, {Package: "stray"}}, []string{"iptables"}); err == nil {
+		t.Error("an unnamed non-library package accepted")
+	}
+	if err := checkLockCovers([]lockEntry{{Package: "iptables"}, {Package: "libx", Library: true}}, []string{"iptables"}); err != nil {
+		t.Errorf("a closure library refused: %v", err)
+	}
+	if err := checkLockCovers([]lockEntry{{Package: "libx", Library: true}}, []string{"iptables"}); err == nil {
+		t.Error("a missing named package accepted")
+	}
+}

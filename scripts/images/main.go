@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,9 +53,10 @@ func run() error {
 		out      = flag.String("out", "", "output directory (default REPO/_out/images)")
 		cache    = flag.String("cache", "", "where downloaded .debs are kept (default REPO/.cache/images/debs)")
 		lockFile = flag.String("lock", "", "pinned Debian packages (default REPO/scripts/images/debian.lock)")
-		relockF  = flag.Bool("relock", false, "pin apt's current candidates of the agent's Debian packages into -lock and exit")
+		relockF  = flag.Bool("relock", false, "pin apt's current candidates of the images' Debian packages (and the libraries agnhost's tools need) into -lock and exit")
 		registry = flag.String("registry", "ghcr.io/vsplane", "registry and path the image names start with")
 		tag      = flag.String("tag", "dev", "image tag (also the agent's reported version)")
+		testbed  = flag.Bool("testbed", false, "build the real-node test bed's images (pause, busybox, agnhost, CoreDNS under their upstream names) instead of vsplane's")
 	)
 	flag.Parse()
 	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "images: "+format+"\n", args...) }
@@ -83,9 +85,23 @@ func run() error {
 		*lockFile = filepath.Join(root, "scripts", "images", "debian.lock")
 	}
 	if *relockF {
-		lock, err := relock(*cache, agentPackages, logf)
+		libs, err := libraryClosure(*cache, agnhostTools, logf)
 		if err != nil {
 			return err
+		}
+		named := namedPackages()
+		var extra []string
+		for _, l := range libs {
+			if !slices.Contains(named, l) {
+				extra = append(extra, l)
+			}
+		}
+		lock, err := relock(*cache, append(named, extra...), logf)
+		if err != nil {
+			return err
+		}
+		for i := range lock {
+			lock[i].Library = slices.Contains(libs, lock[i].Package)
 		}
 		if err := writeLock(*lockFile, lock); err != nil {
 			return err
@@ -103,67 +119,21 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("%w (make images-relock writes it)", err)
 	}
-	if err := checkLockCovers(lock, agentPackages); err != nil {
+	if err := checkLockCovers(lock, namedPackages()); err != nil {
 		return err
 	}
 	debs, err := fetchLocked(*cache, lock, logf)
 	if err != nil {
 		return err
 	}
-	binDir, err := os.MkdirTemp("", "vsplane-images-")
+	var specs []imageSpec
+	if *testbed {
+		specs, err = testbedSpecs(root, debs, closureLibraries(lock), logf)
+	} else {
+		specs, err = vsplaneSpecs(root, debs, lock, *tag, logf)
+	}
 	if err != nil {
 		return err
-	}
-	defer os.RemoveAll(binDir)
-	if err := goBuild(root, binDir, *tag); err != nil {
-		return err
-	}
-	logf("go build: %v", time.Since(t0).Round(time.Millisecond))
-	cpBin, err := staticBinary(filepath.Join(binDir, "vsplane-controlplane"))
-	if err != nil {
-		return err
-	}
-	agentBin, err := staticBinary(filepath.Join(binDir, "vsplane-agent"))
-	if err != nil {
-		return err
-	}
-
-	base, err := baseTree()
-	if err != nil {
-		return err
-	}
-	agentDeb, err := agentBase(debs, logf)
-	if err != nil {
-		return err
-	}
-	cpLayer, err := binaryTree("vsplane-controlplane", cpBin)
-	if err != nil {
-		return err
-	}
-	agentLayer, err := binaryTree("vsplane-agent", agentBin)
-	if err != nil {
-		return err
-	}
-	var pinned []string
-	for _, e := range lock {
-		pinned = append(pinned, e.Package+"="+e.Version)
-	}
-	specs := []imageSpec{
-		{
-			Name:       "vsplane-controlplane",
-			Layers:     []*tree{base, cpLayer},
-			LayerNames: []string{"passwd, group, /tmp", "vsplane-controlplane (CGO_ENABLED=0 go build -trimpath)"},
-			Entrypoint: []string{"/vsplane-controlplane"},
-			User:       fmt.Sprintf("%d:%d", nonroot, nonroot),
-		},
-		{
-			Name:       "vsplane-agent",
-			Layers:     []*tree{agentDeb, agentLayer},
-			LayerNames: []string{"iptables legacy+nft from Debian: " + strings.Join(pinned, " "), "vsplane-agent (CGO_ENABLED=0 go build -trimpath)"},
-			Entrypoint: []string{"/vsplane-agent"},
-			User:       "0:0",
-			Labels:     map[string]string{"io.vsplane.debian-packages": strings.Join(pinned, " ")},
-		},
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
@@ -174,7 +144,10 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		ref := *registry + "/" + s.Name + ":" + *tag
+		ref := s.Ref
+		if ref == "" {
+			ref = *registry + "/" + s.Name + ":" + *tag
+		}
 		if err := write(img, ref, filepath.Join(*out, s.Name), filepath.Join(*out, s.Name+".tar")); err != nil {
 			return fmt.Errorf("write %s: %w", s.Name, err)
 		}
@@ -197,7 +170,11 @@ func run() error {
 		logf("%s: %d layers, %.1f MB compressed", s.Name, len(layers), float64(size)/1e6)
 		lines = append(lines, ref+"@"+d.String())
 	}
-	if err := os.WriteFile(filepath.Join(*out, "digests.txt"), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+	digests := "digests.txt"
+	if *testbed {
+		digests = "testbed-digests.txt"
+	}
+	if err := os.WriteFile(filepath.Join(*out, digests), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		return err
 	}
 	logf("done in %v: OCI layouts and tarballs in %s", time.Since(t0).Round(time.Millisecond), *out)
@@ -205,6 +182,69 @@ func run() error {
 		fmt.Println(l)
 	}
 	return nil
+}
+
+// vsplaneSpecs builds vsplane's two binaries and returns their images.
+func vsplaneSpecs(root string, debs map[string]string, lock []lockEntry, tag string, logf func(string, ...any)) ([]imageSpec, error) {
+	t0 := time.Now()
+	binDir, err := os.MkdirTemp("", "vsplane-images-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(binDir)
+	if err := goBuild(root, binDir, tag); err != nil {
+		return nil, err
+	}
+	logf("go build: %v", time.Since(t0).Round(time.Millisecond))
+	cpBin, err := staticBinary(filepath.Join(binDir, "vsplane-controlplane"))
+	if err != nil {
+		return nil, err
+	}
+	agentBin, err := staticBinary(filepath.Join(binDir, "vsplane-agent"))
+	if err != nil {
+		return nil, err
+	}
+
+	base, err := baseTree()
+	if err != nil {
+		return nil, err
+	}
+	agentDeb, err := agentBase(debs, logf)
+	if err != nil {
+		return nil, err
+	}
+	cpLayer, err := binaryTree("vsplane-controlplane", cpBin)
+	if err != nil {
+		return nil, err
+	}
+	agentLayer, err := binaryTree("vsplane-agent", agentBin)
+	if err != nil {
+		return nil, err
+	}
+	var pinned []string
+	for _, e := range lock {
+		if slices.Contains(agentPackages, e.Package) {
+			pinned = append(pinned, e.Package+"="+e.Version)
+		}
+	}
+	specs := []imageSpec{
+		{
+			Name:       "vsplane-controlplane",
+			Layers:     []*tree{base, cpLayer},
+			LayerNames: []string{"passwd, group, /tmp", "vsplane-controlplane (CGO_ENABLED=0 go build -trimpath)"},
+			Entrypoint: []string{"/vsplane-controlplane"},
+			User:       fmt.Sprintf("%d:%d", nonroot, nonroot),
+		},
+		{
+			Name:       "vsplane-agent",
+			Layers:     []*tree{agentDeb, agentLayer},
+			LayerNames: []string{"iptables legacy+nft from Debian: " + strings.Join(pinned, " "), "vsplane-agent (CGO_ENABLED=0 go build -trimpath)"},
+			Entrypoint: []string{"/vsplane-agent"},
+			User:       "0:0",
+			Labels:     map[string]string{"io.vsplane.debian-packages": strings.Join(pinned, " ")},
+		},
+	}
+	return specs, nil
 }
 
 // sourceDateEpoch is $SOURCE_DATE_EPOCH (seconds), else the Unix epoch:
