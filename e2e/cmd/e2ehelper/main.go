@@ -2,7 +2,7 @@
 // the VM's pod and client namespaces (a static binary, CGO_ENABLED=0):
 //
 //	e2ehelper serve   --name NAME [--tcp ADDR] [--udp ADDR]
-//	e2ehelper request --proto tcp|udp --addr HOST:PORT [--count N] [--timeout D] [--interval D] [--source-from IP --source-port P] [--stop-file PATH]
+//	e2ehelper request --proto tcp|udp --addr HOST:PORT [--count N] [--timeout D] [--interval D] [--source-from IP] [--source-port P] [--stop-file PATH]
 //	e2ehelper hold    --addr HOST:PORT [--interval D] [--duration D] [--timeout D]
 //	e2ehelper wait    --addr HOST:PORT [--timeout D]
 //	e2ehelper connect-proxy [--listen ADDR] [--allow CIDR,...]

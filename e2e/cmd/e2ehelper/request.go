@@ -27,13 +27,16 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	timeout := fs.Duration("timeout", 2*time.Second, "timeout of each request")
 	interval := fs.Duration("interval", 0, "pause between requests")
 	sourceFrom := fs.String("source-from", "", "tcp: request i (from 0) leaves from this IPv4 address plus i (the addresses must be on the client)")
-	sourcePort := fs.Int("source-port", 0, "tcp: the local port of every request (with --source-from)")
+	sourcePort := fs.Int("source-port", 0, "the local port of every request (tcp: with --source-from; udp: one fixed source port, so every datagram is the same flow)")
 	stopFile := fs.String("stop-file", "", "stop before the next request once this file exists (a loop of unknown length: --count is then a bound)")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
 	}
 	if *addr == "" || *count < 1 || *count > 100000 || *timeout <= 0 || *interval < 0 {
 		return usageError("request needs --addr, 1 <= --count <= 100000, --timeout > 0, --interval >= 0")
+	}
+	if *sourcePort < 0 || *sourcePort > 65535 || (*sourcePort > 0 && *proto == "tcp" && *sourceFrom == "") {
+		return usageError("--source-port needs 1..65535 (and --source-from with --proto tcp)")
 	}
 	var from netip.Addr
 	if *sourceFrom != "" {
@@ -59,7 +62,7 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return src.String() + " " + line, err
 		}
 	case "udp":
-		once = func(ctx context.Context) (string, error) { return udpOnce(ctx, *addr, *timeout) }
+		once = func(ctx context.Context) (string, error) { return udpOnce(ctx, *addr, *timeout, *sourcePort) }
 	default:
 		return usageError(fmt.Sprintf("unknown --proto %q", *proto))
 	}
@@ -128,15 +131,7 @@ func tcpOnce(ctx context.Context, addr string, timeout time.Duration, local *net
 		d.LocalAddr = local
 		// The same source address and port again (to another destination)
 		// while the last connection from it is in TIME_WAIT.
-		d.Control = func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}
+		d.Control = reuseAddr
 	}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -146,16 +141,33 @@ func tcpOnce(ctx context.Context, addr string, timeout time.Duration, local *net
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
 	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
+	// A server that writes its answer and closes (agnhost serve-hostname
+	// --tcp) ends it with EOF, not a newline.
+	if err != nil && !(errors.Is(err, io.EOF) && strings.TrimSpace(line) != "") {
 		return "", fmt.Errorf("read answer: %w", err)
 	}
 	return strings.TrimSpace(line), nil
 }
 
-func udpOnce(ctx context.Context, addr string, timeout time.Duration) (string, error) {
+// reuseAddr sets SO_REUSEADDR: the same local port again at once.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+func udpOnce(ctx context.Context, addr string, timeout time.Duration, localPort int) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
+	if localPort > 0 {
+		d.LocalAddr = &net.UDPAddr{Port: localPort}
+		d.Control = reuseAddr
+	}
 	conn, err := d.DialContext(ctx, "udp", addr)
 	if err != nil {
 		return "", err
