@@ -77,8 +77,9 @@ func buildPause(ctx context.Context, root, tmp string) ([]byte, error) {
 }
 
 // busyboxTree is Debian's static busybox at /bin/busybox with a link per
-// applet in /bin (what `busybox --list` of that binary names) and /bin/sh.
-func busyboxTree(t *tree, deb string, tmp string) error {
+// applet in /bin (what `busybox --list` of that binary names, /bin/sh
+// included) except those in skip.
+func busyboxTree(t *tree, deb string, tmp string, skip ...string) error {
 	bb, err := debFile(deb, "bin/busybox", tmp)
 	if err != nil {
 		return err
@@ -95,7 +96,7 @@ func busyboxTree(t *tree, deb string, tmp string) error {
 		return fmt.Errorf("busybox --list: %w", err)
 	}
 	for _, applet := range strings.Fields(string(list)) {
-		if applet == "busybox" || t.entries["bin/"+applet] != nil {
+		if applet == "busybox" || t.entries["bin/"+applet] != nil || slices.Contains(skip, applet) {
 			continue
 		}
 		if err := t.symlink("bin/"+applet, "busybox"); err != nil {
@@ -179,7 +180,17 @@ func testbedSpecs(root string, debs map[string]string, libs []string, logf func(
 	if err != nil {
 		return nil, err
 	}
-	tools, err := toolsTree(bbLayer, debs, libs, logf)
+	// agnhost's /bin/sh is dash: Debian's static busybox prefers its own
+	// applets in its shell, so `sh -c "nc ..."` (the specs' way) would run
+	// busybox's nc, not OpenBSD's; Alpine's busybox does not.
+	agnBB := newTree()
+	if err := busyboxTree(agnBB, debs["busybox-static"], tmp, "sh"); err != nil {
+		return nil, err
+	}
+	if err := agnBB.dir("tmp", 0o1777); err != nil {
+		return nil, err
+	}
+	tools, err := toolsTree(agnBB, debs, libs, logf)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +224,7 @@ func testbedSpecs(root string, debs map[string]string, libs []string, logf func(
 		},
 		{
 			Ref: agnhostRef, Name: "agnhost",
-			Layers: []*tree{bbLayer, tools, agnLayer}, LayerNames: []string{"busybox from Debian's busybox-static",
+			Layers: []*tree{agnBB, tools, agnLayer}, LayerNames: []string{"busybox from Debian's busybox-static (/bin/sh is dash)",
 				"the e2e specs' tools from Debian: " + strings.Join(agnhostTools, " ") + " and their libraries",
 				"agnhost of k8s.io/kubernetes v1.37.2 (CGO_ENABLED=0 go build -trimpath)"},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, User: "0:0",

@@ -18,11 +18,13 @@ import (
 // Dockerfile): dig and nslookup, curl, OpenBSD nc, ip and ss, bash, socat.
 // Left out: iperf (the IPerf2 specs) and util-linux-misc (ipcs, SELinux
 // specs), which the sig-network Services specs do not run.
-var agnhostTools = []string{"bash", "curl", "netcat-openbsd", "iproute2", "bind9-dnsutils", "socat"}
+// dash is /bin/sh (see testbedSpecs).
+var agnhostTools = []string{"bash", "dash", "curl", "netcat-openbsd", "iproute2", "bind9-dnsutils", "socat"}
 
 // toolAlternatives are the links Debian's maintainer scripts would make
-// (update-alternatives runs at install, not in the package's files).
-var toolAlternatives = map[string]string{"usr/bin/nc": "nc.openbsd"}
+// (update-alternatives runs at install, not in the package's files), and
+// /bin/sh.
+var toolAlternatives = map[string]string{"usr/bin/nc": "nc.openbsd", "bin/sh": "/usr/bin/dash"}
 
 // keepTool selects a tool package's commands (usr/bin, usr/sbin after
 // canonical), ip's configuration (/etc/iproute2) and the copyright.
