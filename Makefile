@@ -119,8 +119,9 @@ fuzz:
 	done
 
 ## demo: the main job — apiserver, control plane, VM with two agent nodes, a Service through IPVS
+## (REAL_NODES=1: on real nodes — kubelets, Pods, vsplane from its images and manifests, CoreDNS)
 demo: tools
-	DURATION=$(DURATION) bash scripts/demo.sh
+	DURATION=$(DURATION) REAL_NODES=$(REAL_NODES) bash scripts/demo.sh
 
 # API-server cost at watchers x Services x endpoints (the full 1000x10000x10 takes ~30 min here)
 APICOST_SIZE ?= 1000x1000x10

@@ -3,6 +3,8 @@
 # a QEMU VM with two nodes running vsplane-agent, and a Service answered
 # through IPVS. Ensures the dependencies (cached after the first run), then
 # runs e2e/cmd/demo. DURATION=90s stops by itself; otherwise Ctrl-C.
+# REAL_NODES=1: the real-node cluster instead (kubelets, containerd and Pods
+# in the VM, vsplane deployed from its images and manifests, CoreDNS).
 # Extra arguments go to the demo (e.g. -v, --requests 20).
 set -euo pipefail
 
@@ -15,6 +17,11 @@ bash scripts/vm/deps.sh >/dev/null
 [[ -x bin/grpcurl ]] || make --no-print-directory tools >&2
 
 args=()
+if [[ -n "${REAL_NODES:-}" && "${REAL_NODES}" != 0 ]]; then
+  echo "==> dependencies of real nodes: containerd, CNI plugins" >&2
+  bash scripts/nodes/build.sh >/dev/null
+  args+=(--real-nodes)
+fi
 if [[ -n "${DURATION:-}" ]]; then
   args+=(--duration "$DURATION")
 fi

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,6 +80,10 @@ type RealCluster struct {
 	log     *zap.Logger
 	relay   *nodes.Relay
 	workDir string
+
+	inspectMu      sync.Mutex
+	inspectorToken string
+	inspectConns   map[string]*grpc.ClientConn
 
 	stopOnce sync.Once
 	stopErr  error
@@ -489,6 +494,11 @@ func (c *RealCluster) Node(name string) (*nodes.Node, error) {
 func (c *RealCluster) Stop() error {
 	c.stopOnce.Do(func() {
 		var errs []error
+		c.inspectMu.Lock()
+		for _, conn := range c.inspectConns {
+			conn.Close()
+		}
+		c.inspectMu.Unlock()
 		if c.VM != nil {
 			c.VM.Stop()
 		}

@@ -3,28 +3,17 @@ package realnodes
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vsplane/vsplane/e2e/cluster"
 	"github.com/vsplane/vsplane/e2e/nodes"
 	"github.com/vsplane/vsplane/e2e/vm"
-	"github.com/vsplane/vsplane/internal/bearer"
-	"github.com/vsplane/vsplane/internal/tlsfiles"
-	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -116,152 +105,33 @@ func testVsplaneFromManifests(t *testing.T) {
 	}
 }
 
-// inspect is an InspectService client of the replica on the node at ip
-// (fleet-wide answers), over TLS verified against the cluster's Secret's
-// CA, as an operator bound to vsplane-inspector, through the VM's CONNECT
-// proxy. Connections are kept per address (gRPC reconnects).
-func inspect(t *testing.T, ctx context.Context, ip string) vsplanev1.InspectServiceClient {
-	t.Helper()
-	inspectorOnce.Lock()
-	conn := inspectorOnce.conns[ip]
-	inspectorOnce.Unlock()
-	if conn == nil {
-		tokenFile := inspectorToken(t, ctx)
-		cli, err := tlsfiles.NewClient(rc.TLS.CA, wire.DefaultServerName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy := rc.VM.HostFwdAddr(nodes.ProxyPort)
-		conn, err = grpc.NewClient("passthrough:///"+net.JoinHostPort(ip, "18000"),
-			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-				return nodes.DialThroughProxy(ctx, proxy, addr)
-			}),
-			grpc.WithTransportCredentials(credentials.NewTLS(cli.Config())),
-			grpc.WithPerRPCCredentials(bearer.File{Path: tokenFile}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		inspectorOnce.Lock()
-		if inspectorOnce.conns == nil {
-			inspectorOnce.conns = map[string]*grpc.ClientConn{}
-		}
-		inspectorOnce.conns[ip] = conn
-		inspectorOnce.Unlock()
-	}
-	return vsplanev1.NewInspectServiceClient(conn)
-}
-
-// listAgents waits (a minute at most) until the replica on the node at ip
-// lists an agent for every node, and returns them.
+// listAgents is rc.ListAgents through the replica on the node at ip.
 func listAgents(t *testing.T, ctx context.Context, ip string) []*vsplanev1.AgentInfo {
 	t.Helper()
-	var last error
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
-		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		resp, err := inspect(t, ctx, ip).ListAgents(cctx, &vsplanev1.ListAgentsRequest{OmitVersions: true})
-		cancel()
-		if err == nil && len(resp.GetAgents()) == len(rc.Nodes) {
-			return resp.GetAgents()
-		}
-		last = err
-		if err == nil {
-			last = fmt.Errorf("%d agents listed", len(resp.GetAgents()))
-		}
+	agents, err := rc.ListAgents(ctx, ip)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("ListAgents through %s: %v", ip, last)
-	return nil
+	return agents
 }
 
-// awaitProgrammed waits until every node's agent acknowledged a desired
-// state of Service ns/name whose real servers are exactly the Pods' IPs of
-// app=name (ExplainService): what a user checks before sending traffic,
-// since an EndpointSlice's change reaches the kernels a moment later.
+// awaitProgrammed waits until every node's agent holds Service ns/name
+// with the current Pods of app=name as real servers.
 func awaitProgrammed(t *testing.T, ctx context.Context, ns, name string) {
 	t.Helper()
 	pods, err := rc.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []string
+	var ips []string
 	for _, p := range pods.Items {
 		if p.DeletionTimestamp == nil && p.Status.PodIP != "" {
-			want = append(want, p.Status.PodIP)
+			ips = append(ips, p.Status.PodIP)
 		}
 	}
-	var last string
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		done := 0
-		for _, n := range rc.Nodes {
-			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			resp, err := inspect(t, ctx, rc.Nodes[0].IP()).ExplainService(cctx, &vsplanev1.ExplainServiceRequest{NodeName: n.Name, Namespace: ns, Name: name})
-			cancel()
-			if err != nil {
-				last = err.Error()
-				break
-			}
-			ok := resp.GetAcknowledgement() == vsplanev1.AcknowledgementState_ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED && len(resp.GetService().GetVirtualServers()) > 0
-			for _, vs := range resp.GetService().GetVirtualServers() {
-				var got []string
-				for _, r := range vs.GetRealServers() {
-					if r.GetWeight() > 0 {
-						got = append(got, r.GetAddress())
-					}
-				}
-				if !sameSet(got, want) {
-					ok = false
-				}
-			}
-			if !ok {
-				last = fmt.Sprintf("%s: %s, %v", n.Name, resp.GetAcknowledgement(), resp.GetService().GetVirtualServers())
-				break
-			}
-			done++
-		}
-		if done == len(rc.Nodes) {
-			return
-		}
-	}
-	t.Fatalf("Service %s/%s with real servers %v not programmed on every node: %s", ns, name, want, last)
-}
-
-var inspectorOnce struct {
-	sync.Mutex
-	file  string
-	conns map[string]*grpc.ClientConn
-}
-
-// inspectorToken is a token of ServiceAccount default/vsplane-test-inspector,
-// bound to the vsplane-inspector ClusterRole (deploy/base/rbac.yaml).
-func inspectorToken(t *testing.T, ctx context.Context) string {
-	t.Helper()
-	inspectorOnce.Lock()
-	defer inspectorOnce.Unlock()
-	if inspectorOnce.file != "" {
-		return inspectorOnce.file
-	}
-	const sa = "vsplane-test-inspector"
-	if _, err := rc.Kube.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+	if err := rc.AwaitProgrammed(ctx, ns, name, ips); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rc.Kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: sa},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "vsplane-inspector"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: "default"}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	exp := int64(3600)
-	tok, err := rc.Kube.CoreV1().ServiceAccounts("default").CreateToken(ctx, sa,
-		&authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := filepath.Join(os.TempDir(), fmt.Sprintf("vsplane-inspector-%d.token", os.Getpid()))
-	if err := os.WriteFile(f, []byte(tok.Status.Token), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	inspectorOnce.file = f
-	return f
 }
 
 // testServiceByName: a Pod resolves a ClusterIP Service by its short and

@@ -4,7 +4,10 @@
 // on each node, answered through IPVS. It prints the node snapshot (grpcurl),
 // node1's IPVS table and requests through the ClusterIP, then keeps running
 // (until SIGINT/SIGTERM or --duration) so it can be poked at, and cleans up.
-// Run it with `make demo` (scripts/demo.sh ensures the dependencies).
+// With --real-nodes it runs the real-node cluster instead (kubelets,
+// containerd, Pods; vsplane from its images and manifests; CoreDNS; see
+// real.go). Run it with `make demo` (scripts/demo.sh ensures the
+// dependencies; REAL_NODES=1 for --real-nodes).
 package main
 
 import (
@@ -40,6 +43,7 @@ func run() error {
 	period := flag.Duration("reconcile-period", 10*time.Second, "the agents' --reconcile-period")
 	requests := flag.Int("requests", 10, "requests to send through the ClusterIP (1..1000)")
 	verbose := flag.Bool("v", false, "log progress of every component")
+	real := flag.Bool("real-nodes", false, "real nodes: kubelets, containerd and Pods in the VM, vsplane deployed from its images and manifests, CoreDNS (about 2.5 minutes to start here)")
 	flag.Parse()
 	if *duration < 0 || *period <= 0 || *requests < 1 || *requests > 1000 {
 		return errors.New("need --duration >= 0, --reconcile-period > 0, 1 <= --requests <= 1000")
@@ -73,6 +77,9 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if *real {
+		return runReal(ctx, grpcurl, *requests, *duration, log)
+	}
 	t0 := time.Now()
 	step("starting etcd + kube-apiserver, the control plane, the VM (node1, node2) and two agents")
 	c, err := cluster.Start(ctx, cluster.Options{
@@ -164,17 +171,28 @@ func run() error {
   apiserver:  %[4]s
   change the Service's endpoints or add Services with the kubeconfig; the agents program node1/node2.
 `, cp, grpcurl, c.Env.Kubeconfig, c.Env.Host, c.Sec.Files.CA, c.Sec.ServerName, c.Sec.TokenFile, filepath.Join(c.Env.BinDir, "kubectl"))
-	if *duration > 0 {
-		fmt.Printf("\nrunning for %v (Ctrl-C stops earlier)\n", *duration)
+	return waitFor(ctx, *duration)
+}
+
+// waitFor keeps the demo up for duration (0: until interrupted).
+func waitFor(ctx context.Context, duration time.Duration) error {
+	if duration > 0 {
+		fmt.Printf("\nrunning for %v (Ctrl-C stops earlier)\n", duration)
 		select {
 		case <-ctx.Done():
-		case <-time.After(*duration):
+		case <-time.After(duration):
 		}
 	} else {
 		fmt.Println("\nrunning until interrupted (Ctrl-C)")
 		<-ctx.Done()
 	}
 	return nil
+}
+
+// readTrim is a file's content without surrounding space ("" if unreadable).
+func readTrim(file string) string {
+	b, _ := os.ReadFile(file)
+	return strings.TrimSpace(string(b))
 }
 
 func step(what string) { fmt.Printf("==> %s\n", what) }
@@ -185,6 +203,11 @@ func section(title string) {
 
 // show runs a host command, printing its command line and output.
 func show(ctx context.Context, name string, args ...string) error {
+	return showEnv(ctx, nil, name, args...)
+}
+
+// showEnv is show with extra environment variables.
+func showEnv(ctx context.Context, env []string, name string, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	quoted := make([]string, len(args))
@@ -194,8 +217,14 @@ func show(ctx context.Context, name string, args ...string) error {
 			quoted[i] = vm.ShellQuote(a)
 		}
 	}
-	fmt.Printf("$ %s %s\n", filepath.Base(name), strings.Join(quoted, " "))
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	prefix := ""
+	for _, e := range env {
+		prefix += e + " "
+	}
+	fmt.Printf("$ %s%s %s\n", prefix, filepath.Base(name), strings.Join(quoted, " "))
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	fmt.Print(string(out))
 	if err != nil {
 		return fmt.Errorf("%s: %w", filepath.Base(name), err)
