@@ -149,9 +149,8 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 		Controllers:       true,
 		ClusterCIDR:       RealPodNet,
 		AuthorizationMode: "Node,RBAC",
-		ExtraAPIServerFlags: []string{"--enable-admission-plugins=NodeRestriction",
-			// e2e specs and users exec into Pods and read their logs.
-			"--allow-privileged=true"},
+		// Kubelets may change only their own Node and its Pods.
+		ExtraAPIServerFlags: []string{"--enable-admission-plugins=NodeRestriction"},
 		Logger: log.Named("kubeenv"),
 	})
 	if err != nil {
