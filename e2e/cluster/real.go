@@ -151,7 +151,7 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 		AuthorizationMode: "Node,RBAC",
 		// Kubelets may change only their own Node and its Pods.
 		ExtraAPIServerFlags: []string{"--enable-admission-plugins=NodeRestriction"},
-		Logger: log.Named("kubeenv"),
+		Logger:              log.Named("kubeenv"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start the Kubernetes control plane (binaries: bash scripts/kube/build.sh): %w", err)
