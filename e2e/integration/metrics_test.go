@@ -70,16 +70,26 @@ func TestMetricsAgainstRealAPIServer(t *testing.T) {
 		})
 	}
 
-	// The change: a Service and its EndpointSlice, the slice carrying the
-	// EndpointSlice controller's trigger-time annotation. The two may reach
-	// the agents as one Delta or as two (web without endpoints first).
+	// The change: a Service, then its EndpointSlice, the slice carrying the
+	// EndpointSlice controller's trigger-time annotation. The Service is in
+	// the desired state first: the two kinds come through separate watches,
+	// so a slice created right after its Service can be seen first, and the
+	// Service's own change would then produce the version with the endpoint.
 	const ns = "default"
-	trigger := time.Now()
 	mustCreateService(t, ctx, kube, clusterIPService(ns, "web", 80))
+	webName := snapshot.ServiceName(ns, "web")
+	for _, n := range nodes {
+		eventually(t, converge, func() string {
+			if _, ok := r.Store.Get(n, webName); !ok {
+				return n + ": " + webName + " is not desired yet"
+			}
+			return ""
+		})
+	}
+	trigger := time.Now()
 	es := endpointSlice(ns, "web", []int32{80}, endpoint{"198.19.1.10", "node-a"})
 	es.Annotations = map[string]string{model.AnnotationTriggerTime: trigger.UTC().Format(time.RFC3339Nano)}
 	mustCreateSlice(t, ctx, kube, es)
-	webName := snapshot.ServiceName(ns, "web")
 	// Exact versions: web's desired version includes the slice's endpoint,
 	// and every agent acknowledged exactly the versions the store holds.
 	for _, n := range nodes {
