@@ -38,16 +38,33 @@ const (
 	RealOverlay = "deploy/overlays/testbed"
 )
 
-// RealOptions configure StartReal. The zero value gives two nodes.
+// RealProxy is the Service proxy a real cluster runs.
+type RealProxy string
+
+const (
+	// ProxyVsplane: vsplane's control plane and agents, deployed from its
+	// manifests and images (the default).
+	ProxyVsplane RealProxy = "vsplane"
+	// ProxyKubeProxy: kube-proxy v1.37.2 in IPVS mode on every node (the
+	// baseline of the conformance runs), a node daemon started the way
+	// hack/local-up-cluster.sh starts it.
+	ProxyKubeProxy RealProxy = "kube-proxy"
+)
+
+// RealOptions configure StartReal. The zero value gives two nodes running
+// vsplane.
 type RealOptions struct {
+	// Proxy is the Service proxy (default ProxyVsplane).
+	Proxy RealProxy
 	// Nodes is the number of real nodes (default 2; the testbed overlay
 	// points the agents at the control-plane replicas on node1 and node2).
 	Nodes int
 	// VMMemoryMB is the guest's memory (default 6144: two nodes' containerd
 	// content stores and Pods live in tmpfs).
 	VMMemoryMB int
-	// SkipVsplane leaves vsplane (and CoreDNS, which needs its Services)
-	// undeployed: DeployVsplane and DeployDNS do it later.
+	// SkipVsplane leaves the proxy (and CoreDNS, which needs its
+	// Services) undeployed: DeployVsplane or StartKubeProxies, then
+	// DeployDNS, do it later.
 	SkipVsplane bool
 	// BuildTimeout bounds building the images and the node disk (default 30
 	// minutes: a cold Go build cache on a loaded 2-core machine).
@@ -104,6 +121,13 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 	}
 	if opts.Nodes < 1 || opts.Nodes > 4 {
 		return nil, fmt.Errorf("cluster: real Nodes must be 1..4, got %d", opts.Nodes)
+	}
+	switch opts.Proxy {
+	case "":
+		opts.Proxy = ProxyVsplane
+	case ProxyVsplane, ProxyKubeProxy:
+	default:
+		return nil, fmt.Errorf("cluster: unknown real Proxy %q (want %q or %q)", opts.Proxy, ProxyVsplane, ProxyKubeProxy)
 	}
 	if opts.VMMemoryMB == 0 {
 		opts.VMMemoryMB = 6144
@@ -217,10 +241,17 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 	if opts.SkipVsplane {
 		return c, nil
 	}
-	if err := c.DeployVsplane(ctx); err != nil {
-		return nil, err
+	if opts.Proxy == ProxyKubeProxy {
+		if err := c.StartKubeProxies(ctx); err != nil {
+			return nil, err
+		}
+		log.Info("kube-proxy serving", zap.Duration("after", time.Since(t0)))
+	} else {
+		if err := c.DeployVsplane(ctx); err != nil {
+			return nil, err
+		}
+		log.Info("vsplane serving", zap.Duration("after", time.Since(t0)))
 	}
-	log.Info("vsplane serving", zap.Duration("after", time.Since(t0)))
 	if err := c.DeployDNS(ctx); err != nil {
 		return nil, err
 	}
@@ -409,6 +440,31 @@ func (c *RealCluster) DeployVsplane(ctx context.Context) error {
 		return fmt.Errorf("%w\n%s", err, c.PodsSummary(ctx))
 	}
 	return nil
+}
+
+// StartKubeProxies starts kube-proxy v1.37.2 in IPVS mode on every node
+// (user system:kube-proxy; the cluster CIDR; conntrack table sizing left
+// alone: nf_conntrack_max is the VM's, not a node's) and returns once each
+// uses its IPVS proxier.
+func (c *RealCluster) StartKubeProxies(ctx context.Context) error {
+	server := "https://" + vm.HostLoopIP + ":" + strconv.Itoa(c.APIPort)
+	kc, err := c.Env.KubeconfigFor(server, "system:kube-proxy")
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(c.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.StartKubeProxy(ctx, kc, "Using ipvs Proxier",
+				"--proxy-mode=ipvs", "--cluster-cidr="+RealPodNet, "--conntrack-max-per-core=0",
+				"--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=0.0.0.0:10256", "--v=2")
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // writeOverlay writes the run's top layer over RealOverlay: where the

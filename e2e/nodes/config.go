@@ -14,6 +14,7 @@ const (
 	containerdSocket = "/run/containerd/containerd.sock"
 	kubeletConfig    = "/etc/kubernetes/kubelet.yaml"
 	kubeletKubecfg   = "/etc/kubernetes/kubelet.kubeconfig"
+	kubeProxyKubecfg = "/etc/kubernetes/kube-proxy.kubeconfig"
 	clusterCAFile    = "/etc/kubernetes/ca.crt"
 	nodeResolvConf   = "/etc/kubernetes/resolv.conf"
 	cniConfig        = "/etc/cni/net.d/10-vsplane-testbed.conflist"

@@ -34,7 +34,7 @@ const (
 
 // Binaries are the host directories the disk's programs come from.
 type Binaries struct {
-	// Kube holds kubelet (scripts/kube/build.sh).
+	// Kube holds kubelet and kube-proxy (scripts/kube/build.sh).
 	Kube string
 	// Node holds containerd, containerd-shim-runc-v2, ctr and cni/
 	// (scripts/nodes/build.sh).
@@ -45,7 +45,9 @@ type Binaries struct {
 }
 
 var (
-	kubeBinaries = []string{"kubelet"}
+	// kube-proxy is the baseline proxy of the conformance runs
+	// (cluster.ProxyKubeProxy); the vsplane agent comes as an image.
+	kubeBinaries = []string{"kubelet", "kube-proxy"}
 	nodeBinaries = []string{"containerd", "containerd-shim-runc-v2", "ctr"}
 	cniPlugins   = []string{"ptp", "bridge", "host-local", "loopback", "portmap"}
 )

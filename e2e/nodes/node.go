@@ -296,6 +296,28 @@ func (n *Node) StartKubelet(ctx context.Context) error {
 	return err
 }
 
+// StartKubeProxy runs kube-proxy on the node as a node daemon, the way
+// hack/local-up-cluster.sh runs it: kubeconfig is its credentials (user
+// system:kube-proxy, whom the default RBAC policy binds to
+// system:node-proxier), args its flags after --kubeconfig and
+// --hostname-override. It returns once kube-proxy logged
+// the proxier it uses (logLine, e.g. "Using ipvs Proxier").
+func (n *Node) StartKubeProxy(ctx context.Context, kubeconfig []byte, logLine string, args ...string) error {
+	if err := n.WriteFile(ctx, kubeProxyKubecfg, kubeconfig); err != nil {
+		return err
+	}
+	cmd := fmt.Sprintf("%s/kube-proxy --kubeconfig %s --hostname-override %s %s",
+		guestBin, kubeProxyKubecfg, n.Name, strings.Join(args, " "))
+	p, err := n.start(ctx, "kube-proxy", cmd)
+	if err != nil {
+		return err
+	}
+	if _, err := p.AwaitLog(ctx, logLine); err != nil {
+		return fmt.Errorf("kube-proxy on %s: %w\n%s", n.Name, err, n.LogTail(ctx, "kube-proxy", 30))
+	}
+	return nil
+}
+
 // StopKubelet stops the kubelet (SIGTERM).
 func (n *Node) StopKubelet(ctx context.Context) error { return n.stop(ctx, "kubelet") }
 
@@ -342,7 +364,7 @@ func (n *Node) LogTail(ctx context.Context, daemon string, lines int) string {
 	return fmt.Sprintf("--- %s on %s ---\n%s", daemon, n.Name, strings.Join(ls, "\n"))
 }
 
-// Stop stops the node's kubelet, then containerd.
+// Stop stops the node's kube-proxy (if any) and kubelet, then containerd.
 func (n *Node) Stop(ctx context.Context) error {
-	return errors.Join(n.StopKubelet(ctx), n.StopRuntime(ctx))
+	return errors.Join(n.stop(ctx, "kube-proxy"), n.StopKubelet(ctx), n.StopRuntime(ctx))
 }
