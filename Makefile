@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 CONTROLLER_GEN_VERSION     ?= v0.23.0
 
-.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube nodes vm-deps bench bench-vm bench-kubeproxy images images-relock clean
+.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube nodes vm-deps bench bench-vm bench-kubeproxy conformance conformance-quick images images-relock clean
 
 all: build
 
@@ -66,6 +66,7 @@ lint: check-generated
 	$(GO) vet -tags vmbench ./e2e/vmbench
 	$(GO) vet -tags apicostbench ./e2e/apicost
 	$(GO) vet -tags fanoutbench ./e2e/fanout
+	$(GO) vet -tags conformance ./e2e/conformance
 
 check-generated: proto generate
 	@if [ -n "$$(git status --porcelain -- proto controlplane/apis deploy/crds)" ]; then \
@@ -148,6 +149,23 @@ bench-vm: vm-deps kube
 KP_SERVICES ?= 1000,5000,10000
 bench-kubeproxy: vm-deps kube
 	VSPLANE_VMBENCH_KP_SERVICES=$(KP_SERVICES) $(GO) test -tags vmbench -v -count=1 -timeout 120m -run TestVMBenchKubeProxy ./e2e/vmbench
+
+## conformance: Kubernetes v1.37.2's sig-network e2e specs (Services, Networking Granular
+## Checks: Services, Conntrack; skips in e2e/conformance/specs.go) on the real-node test bed,
+## kube-proxy (IPVS mode) then vsplane, each on a fresh cluster; writes
+## bench/results/conformance.{json,md} and the JUnit reports in _out/conformance/ (not CI: CI runs
+## the project's own real-node checks, e2e/realnodes). CONFORMANCE_PROCS parallel Ginkgo processes
+## (3); CONFORMANCE_FOCUS narrows the selection (a partial run). conformance-quick: the four specs
+## of e2e/conformance.QuickSpecs (UDP Conntrack, NodePort, session affinity, a Service by DNS name)
+## on both proxies, into _out/conformance/quick.{json,md}.
+CONFORMANCE_PROCS ?= 3
+conformance: nodes vm-deps
+	bash scripts/kube/build.sh --e2e
+	CONFORMANCE_PROCS=$(CONFORMANCE_PROCS) $(GO) test -tags conformance -v -count=1 -timeout 8h -run TestConformance ./e2e/conformance
+
+conformance-quick: nodes vm-deps
+	bash scripts/kube/build.sh --e2e
+	CONFORMANCE_QUICK=1 CONFORMANCE_PROCS=2 CONFORMANCE_OUT=$(CURDIR)/_out/conformance $(GO) test -tags conformance -v -count=1 -timeout 2h -run TestConformance ./e2e/conformance
 
 clean:
 	rm -rf $(BIN) _out

@@ -1,0 +1,186 @@
+package conformance
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// ProxyRun is one proxy's run of the selection.
+type ProxyRun struct {
+	Proxy string        `json:"proxy"`
+	Specs []SpecResult  `json:"specs"`
+	Took  time.Duration `json:"took_ns"`
+	// Error is the run's own failure (no report, a failed suite), if any.
+	Error string `json:"error,omitempty"`
+}
+
+// Row is one spec across the runs.
+type Row struct {
+	Spec     string                `json:"spec"`
+	Outcomes map[string]SpecResult `json:"outcomes"` // by proxy
+	// Why explains every outcome that is not "passed" (by proxy).
+	Why map[string]string `json:"why,omitempty"`
+}
+
+// Report is the side-by-side comparison `make conformance` writes.
+type Report struct {
+	Date    string     `json:"date"`
+	Focus   string     `json:"focus"`
+	Skip    string     `json:"skip"`
+	Proxies []string   `json:"proxies"`
+	Runs    []ProxyRun `json:"runs"`
+	Rows    []Row      `json:"rows"`
+	// Unexplained lists failures with no entry in Explanations: each is
+	// a defect of the report until understood.
+	Unexplained []string `json:"unexplained,omitempty"`
+	// Regressions are specs that pass on kube-proxy and not on vsplane.
+	Regressions []string `json:"regressions,omitempty"`
+}
+
+// NewReport lines the runs up by spec. Every spec of any run gets a row;
+// a spec missing from a run is "not run" there.
+func NewReport(date string, runs []ProxyRun) Report {
+	r := Report{Date: date, Focus: Focus, Skip: SkipRegexp(), Runs: runs}
+	bySpec := map[string]*Row{}
+	for _, run := range runs {
+		r.Proxies = append(r.Proxies, run.Proxy)
+		for _, s := range run.Specs {
+			row := bySpec[s.Spec]
+			if row == nil {
+				row = &Row{Spec: s.Spec, Outcomes: map[string]SpecResult{}, Why: map[string]string{}}
+				bySpec[s.Spec] = row
+			}
+			row.Outcomes[run.Proxy] = s
+		}
+	}
+	for _, row := range bySpec {
+		for _, p := range r.Proxies {
+			o, ok := row.Outcomes[p]
+			if !ok {
+				o = SpecResult{Spec: row.Spec, Outcome: NotRun}
+				row.Outcomes[p] = o
+			}
+			switch o.Outcome {
+			case Skipped:
+				if reason := SkipReason(row.Spec); reason != "" {
+					row.Why[p] = "skipped: " + reason
+				} else {
+					row.Why[p] = "skipped by the spec: " + o.Message
+				}
+			case Failed, NotRun:
+				if e, ok := Explanations[p][row.Spec]; ok {
+					row.Why[p] = e.String()
+				} else {
+					row.Why[p] = "not yet understood: " + o.Message
+					r.Unexplained = append(r.Unexplained, p+": "+row.Spec)
+				}
+			}
+		}
+		if kp, vs := row.Outcomes["kube-proxy"], row.Outcomes["vsplane"]; kp.Outcome == Passed && vs.Outcome != Passed && vs.Outcome != "" {
+			r.Regressions = append(r.Regressions, row.Spec)
+		}
+		r.Rows = append(r.Rows, *row)
+	}
+	sort.Slice(r.Rows, func(i, j int) bool { return r.Rows[i].Spec < r.Rows[j].Spec })
+	sort.Strings(r.Unexplained)
+	sort.Strings(r.Regressions)
+	return r
+}
+
+// Counts returns, per proxy, how many specs had each outcome.
+func (r Report) Counts() map[string]map[Outcome]int {
+	out := map[string]map[Outcome]int{}
+	for _, p := range r.Proxies {
+		out[p] = map[Outcome]int{}
+		for _, row := range r.Rows {
+			out[p][row.Outcomes[p].Outcome]++
+		}
+	}
+	return out
+}
+
+// Markdown renders the report: totals, then one row per spec (spec |
+// outcome per proxy | time per proxy | why).
+func (r Report) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Kubernetes v1.37.2 sig-network e2e specs on the real-node test bed, %s.\n\n", r.Date)
+	fmt.Fprintf(&b, "Focus `%s`; skipped (with reasons in the README): `%s`.\n\n", r.Focus, r.Skip)
+	counts := r.Counts()
+	b.WriteString("| proxy | passed | failed | skipped | not run | suite time |\n|---|---|---|---|---|---|\n")
+	for _, run := range r.Runs {
+		c := counts[run.Proxy]
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", run.Proxy, c[Passed], c[Failed], c[Skipped], c[NotRun], run.Took.Round(time.Second))
+	}
+	for _, run := range r.Runs {
+		if run.Error != "" {
+			fmt.Fprintf(&b, "\n%s's run: %s\n", run.Proxy, run.Error)
+		}
+	}
+	if len(r.Regressions) > 0 {
+		fmt.Fprintf(&b, "\nPass on kube-proxy, not on vsplane: %d (explained below).\n", len(r.Regressions))
+	}
+	b.WriteString("\n| spec |")
+	for _, p := range r.Proxies {
+		fmt.Fprintf(&b, " %s |", p)
+	}
+	b.WriteString(" time |  why |\n|---|")
+	for range r.Proxies {
+		b.WriteString("---|")
+	}
+	b.WriteString("---|---|\n")
+	for _, row := range r.Rows {
+		fmt.Fprintf(&b, "| %s |", escape(row.Spec))
+		var times, whys []string
+		for _, p := range r.Proxies {
+			o := row.Outcomes[p]
+			fmt.Fprintf(&b, " %s |", o.Outcome)
+			if o.Outcome == Passed || o.Outcome == Failed {
+				times = append(times, fmt.Sprintf("%.0f s", o.Time.Seconds()))
+			} else {
+				times = append(times, "–")
+			}
+			if w := row.Why[p]; w != "" {
+				whys = append(whys, p+": "+w)
+			}
+		}
+		why := strings.Join(whys, "; ")
+		if allSkippedAlike(row, r.Proxies) {
+			why = row.Why[r.Proxies[0]]
+		}
+		fmt.Fprintf(&b, " %s | %s |\n", strings.Join(times, " / "), escape(why))
+	}
+	return b.String()
+}
+
+// allSkippedAlike: every proxy skipped the row for the same reason (the
+// reason is then written once).
+func allSkippedAlike(row Row, proxies []string) bool {
+	for _, p := range proxies {
+		if row.Outcomes[p].Outcome != Skipped || row.Why[p] != row.Why[proxies[0]] {
+			return false
+		}
+	}
+	return len(proxies) > 0
+}
+
+func escape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// Write writes dir/NAME.json and dir/NAME.md.
+func (r Report) Write(dir, name string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	j, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, name+".md"), []byte(r.Markdown()), 0o644)
+}

@@ -1,0 +1,127 @@
+package conformance
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// testdata/junit_01.xml is a report e2e.test wrote (a dry run of the
+// selection, trimmed) with a failed and a timed spec added in its format.
+func TestParseJUnit(t *testing.T) {
+	specs, suiteFailures, err := ParseJUnit("testdata/junit_01.xml", regexp.MustCompile(Focus))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(suiteFailures) != 0 {
+		t.Errorf("suite failures: %v", suiteFailures)
+	}
+	want := []SpecResult{
+		{Spec: "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service",
+			Outcome: Failed, Time: 94250 * time.Millisecond, Message: "Failed to connect to backend 2"},
+		{Spec: "[sig-network] Services should be able to create a functioning NodePort service [Conformance]", Outcome: Passed},
+		{Spec: "[sig-network] Services should serve a basic endpoint from pods [Conformance]", Outcome: Passed, Time: 31500 * time.Millisecond},
+		{Spec: "[sig-network] Services should work after restarting kube-proxy [Disruptive]", Outcome: Skipped, Message: "skipped"},
+		{Spec: "[sig-network] Services should work after the service has been recreated", Outcome: Passed},
+	}
+	if d := cmp.Diff(want, specs); d != "" {
+		t.Errorf("specs (-want +got):\n%s", d)
+	}
+}
+
+func TestParseJUnitErrors(t *testing.T) {
+	focus := regexp.MustCompile(Focus)
+	if _, _, err := ParseJUnit("testdata/missing.xml", focus); err == nil {
+		t.Error("a missing report parsed")
+	}
+	if _, _, err := ParseJUnit("report_test.go", focus); err == nil || !strings.Contains(err.Error(), "not a JUnit report") {
+		t.Errorf("a Go file parsed as a report: %v", err)
+	}
+}
+
+func TestSkips(t *testing.T) {
+	for spec, skipped := range map[string]bool{
+		"[sig-network] Networking Granular Checks: Services should function for pod-Service: sctp [Feature:SCTPConnectivity]":         true,
+		"[sig-network] Services should work after restarting kube-proxy [Disruptive]":                                                 false,
+		"[sig-network] Services should allow creating a basic SCTP service with pod and endpoints [LinuxOnly] [Serial]":               false,
+		"[sig-network] Networking Granular Checks: Services should update nodePort: udp [Slow]":                                       false,
+		"[sig-network] Services should serve endpoints on same port and different protocol for internal traffic on Type LoadBalancer": false,
+		"[sig-network] Services should be able to create a functioning NodePort service [Conformance]":                                false,
+		"[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a NodePort service":                false,
+	} {
+		if got := SkipReason(spec) != ""; got != skipped {
+			t.Errorf("skipped(%q) = %v, want %v", spec, got, skipped)
+		}
+		if got := regexp.MustCompile(SkipRegexp()).MatchString(spec); got != skipped {
+			t.Errorf("SkipRegexp matches %q: %v, want %v", spec, got, skipped)
+		}
+	}
+	for _, s := range QuickSpecs {
+		if SkipReason(s) != "" || !regexp.MustCompile(Focus).MatchString(s) {
+			t.Errorf("quick spec %q is outside the selection", s)
+		}
+		if !regexp.MustCompile(ExactFocus(QuickSpecs)).MatchString(s) || regexp.MustCompile(ExactFocus(QuickSpecs)).MatchString(s+" x") {
+			t.Errorf("ExactFocus does not match exactly %q", s)
+		}
+	}
+}
+
+func TestReport(t *testing.T) {
+	const (
+		both    = "[sig-network] Services should serve a basic endpoint from pods [Conformance]"
+		regress = "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service"
+		skipped = "[sig-network] Services should work after restarting kube-proxy [Disruptive]"
+		kpOnly  = "[sig-network] Services should be rejected when no endpoints exist"
+	)
+	runs := []ProxyRun{
+		{Proxy: "kube-proxy", Took: time.Minute, Specs: []SpecResult{
+			{Spec: both, Outcome: Passed, Time: 30 * time.Second},
+			{Spec: regress, Outcome: Passed, Time: 40 * time.Second},
+			{Spec: skipped, Outcome: Skipped, Message: "skipped"},
+			{Spec: kpOnly, Outcome: Failed, Message: "timed out"},
+		}},
+		{Proxy: "vsplane", Took: time.Minute, Specs: []SpecResult{
+			{Spec: both, Outcome: Passed, Time: 20 * time.Second},
+			{Spec: regress, Outcome: Failed, Message: "Failed to connect to backend 2"},
+			{Spec: skipped, Outcome: Skipped, Message: "skipped"},
+		}},
+	}
+	r := NewReport("2026-12-03", runs)
+	if d := cmp.Diff([]string{regress}, r.Regressions); d != "" {
+		t.Errorf("regressions (-want +got):\n%s", d)
+	}
+	wantUnexplained := []string{"kube-proxy: " + kpOnly, "vsplane: " + regress, "vsplane: " + kpOnly}
+	if d := cmp.Diff(wantUnexplained, r.Unexplained); d != "" {
+		t.Errorf("unexplained (-want +got):\n%s", d)
+	}
+	c := r.Counts()
+	if c["vsplane"][NotRun] != 1 || c["vsplane"][Passed] != 1 || c["kube-proxy"][Failed] != 1 || c["kube-proxy"][Skipped] != 1 {
+		t.Errorf("counts: %v", c)
+	}
+	md := r.Markdown()
+	for _, want := range []string{
+		"| kube-proxy | 2 | 1 | 1 | 0 | 1m0s |",
+		"| vsplane | 1 | 1 | 1 | 1 | 1m0s |",
+		"| " + both + " | passed | passed | 30 s / 20 s |  |",
+		"| " + skipped + " | skipped | skipped | – / – | skipped by the spec: skipped |",
+		"vsplane: not yet understood: Failed to connect to backend 2",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+
+	// An explained failure is not reported as unexplained.
+	Explanations["vsplane"][regress] = Explanation{Kind: VsplaneBug, Text: "fixed in abc"}
+	defer delete(Explanations["vsplane"], regress)
+	r = NewReport("2026-12-03", runs)
+	if strings.Contains(strings.Join(r.Unexplained, "\n"), regress) {
+		t.Errorf("explained failure still unexplained: %v", r.Unexplained)
+	}
+	if !strings.Contains(r.Markdown(), "vsplane: vsplane bug: fixed in abc") {
+		t.Errorf("explanation not in the table:\n%s", r.Markdown())
+	}
+}
