@@ -1,6 +1,7 @@
 package docs
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/vsplane/vsplane/e2e/conformance"
 	"github.com/vsplane/vsplane/internal/wire"
 )
 
@@ -154,5 +156,17 @@ func TestAlertRulesUseRealMetrics(t *testing.T) {
 	}
 	if distinct := slices.Compact(slices.Sorted(slices.Values(alerts))); len(distinct) != len(alerts) || len(alerts) < 5 {
 		t.Errorf("alerts %v: want at least 5, each named once", alerts)
+	}
+}
+
+// TestREADMEListsEverySkippedSpec: the README names every group of
+// upstream specs `make conformance` skips, with its reason.
+func TestREADMEListsEverySkippedSpec(t *testing.T) {
+	readme := repoFile(t, "README.md")
+	for _, s := range conformance.Skips {
+		row := fmt.Sprintf("| `%s` | %s |", strings.ReplaceAll(s.Pattern, "|", `\|`), s.Reason)
+		if !strings.Contains(readme, row) {
+			t.Errorf("README.md lacks the skip row %q", row)
+		}
 	}
 }
