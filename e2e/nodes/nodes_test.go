@@ -181,6 +181,10 @@ func TestFindBinariesNamesScripts(t *testing.T) {
 	}
 	kube := filepath.Join(root, ".cache", "kube", "v1-v2", "bin")
 	writeExec(t, filepath.Join(kube, "kubelet"))
+	if _, err := FindBinaries(root); err == nil || !strings.Contains(err.Error(), "scripts/kube/build.sh") {
+		t.Fatalf("no kube-proxy: %v", err)
+	}
+	writeExec(t, filepath.Join(kube, "kube-proxy"))
 	if _, err := FindBinaries(root); err == nil || !strings.Contains(err.Error(), "scripts/nodes/build.sh") {
 		t.Fatalf("no containerd: %v", err)
 	}
