@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,7 +24,8 @@ import (
 // bench/results/conformance.{json,md}. Environment:
 // CONFORMANCE_PROXIES (default "kube-proxy,vsplane"), CONFORMANCE_FOCUS (a
 // narrower focus, for a partial run), CONFORMANCE_QUICK (QuickSpecs only,
-// written as quick.{json,md}), CONFORMANCE_PROCS (parallel Ginkgo
+// written as quick.{json,md}), CONFORMANCE_REPORT_ONLY (re-render the
+// last run's JUnit reports in _out/conformance), CONFORMANCE_PROCS (parallel Ginkgo
 // processes, default 3), CONFORMANCE_OUT (default bench/results).
 func TestConformance(t *testing.T) {
 	root, err := vm.FindRepoRoot(".")
@@ -49,10 +51,18 @@ func TestConformance(t *testing.T) {
 	for _, p := range proxies {
 		run := ProxyRun{Proxy: p}
 		t0 := time.Now()
-		specs, err := runOn(t, cluster.RealProxy(p), RunOptions{
-			BinDir: binDir, Focus: focus, Skip: SkipRegexp(), Procs: procs, Timeout: 3 * time.Hour,
-			ReportDir: filepath.Join(root, "_out", "conformance", p),
-		}, log.Named(p))
+		reportDir := filepath.Join(root, "_out", "conformance", p)
+		var specs []SpecResult
+		if os.Getenv("CONFORMANCE_REPORT_ONLY") != "" {
+			// Re-render the last run's reports (e.g. after adding an
+			// Explanation) without running anything.
+			specs, _, err = ParseJUnit(filepath.Join(reportDir, "junit_01.xml"), regexp.MustCompile(focus))
+		} else {
+			specs, err = runOn(t, cluster.RealProxy(p), RunOptions{
+				BinDir: binDir, Focus: focus, Skip: SkipRegexp(), Procs: procs, Timeout: 3 * time.Hour,
+				ReportDir: reportDir,
+			}, log.Named(p))
+		}
 		run.Specs, run.Took = specs, time.Since(t0)
 		if err != nil {
 			run.Error = err.Error()
@@ -61,7 +71,7 @@ func TestConformance(t *testing.T) {
 		t.Logf("%s: %d specs in %v", p, len(specs), run.Took.Round(time.Second))
 		runs = append(runs, run)
 	}
-	rep := NewReport(time.Now().UTC().Format("2006-01-02"), runs)
+	rep := NewReport(time.Now().UTC().Format("2006-01-02"), focus, runs)
 	if err := rep.Write(out, name); err != nil {
 		t.Fatal(err)
 	}

@@ -42,10 +42,10 @@ type Report struct {
 	Regressions []string `json:"regressions,omitempty"`
 }
 
-// NewReport lines the runs up by spec. Every spec of any run gets a row;
-// a spec missing from a run is "not run" there.
-func NewReport(date string, runs []ProxyRun) Report {
-	r := Report{Date: date, Focus: Focus, Skip: SkipRegexp(), Runs: runs}
+// NewReport lines up the runs of the selection focus by spec. Every spec
+// of any run gets a row; a spec missing from a run is "not run" there.
+func NewReport(date, focus string, runs []ProxyRun) Report {
+	r := Report{Date: date, Focus: focus, Skip: SkipRegexp(), Runs: runs}
 	bySpec := map[string]*Row{}
 	for _, run := range runs {
 		r.Proxies = append(r.Proxies, run.Proxy)
@@ -111,7 +111,7 @@ func (r Report) Markdown() string {
 	fmt.Fprintf(&b, "Kubernetes v1.37.2 sig-network e2e specs on the real-node test bed, %s.\n\n", r.Date)
 	fmt.Fprintf(&b, "Focus `%s`; skipped (with reasons in the README): `%s`.\n\n", r.Focus, r.Skip)
 	counts := r.Counts()
-	b.WriteString("| proxy | passed | failed | skipped | not run | suite time |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| proxy | passed | failed | skipped | not run | run time (cluster start and specs) |\n|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		c := counts[run.Proxy]
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", run.Proxy, c[Passed], c[Failed], c[Skipped], c[NotRun], run.Took.Round(time.Second))
@@ -122,13 +122,13 @@ func (r Report) Markdown() string {
 		}
 	}
 	if len(r.Regressions) > 0 {
-		fmt.Fprintf(&b, "\nPass on kube-proxy, not on vsplane: %d (explained below).\n", len(r.Regressions))
+		fmt.Fprintf(&b, "\nPass on kube-proxy, not on vsplane: %d (why: below).\n", len(r.Regressions))
 	}
 	b.WriteString("\n| spec |")
 	for _, p := range r.Proxies {
 		fmt.Fprintf(&b, " %s |", p)
 	}
-	b.WriteString(" time |  why |\n|---|")
+	b.WriteString(" time | why |\n|---|")
 	for range r.Proxies {
 		b.WriteString("---|")
 	}

@@ -89,7 +89,7 @@ func TestReport(t *testing.T) {
 			{Spec: skipped, Outcome: Skipped, Message: "skipped"},
 		}},
 	}
-	r := NewReport("2026-12-03", runs)
+	r := NewReport("2026-12-03", Focus, runs)
 	if d := cmp.Diff([]string{regress}, r.Regressions); d != "" {
 		t.Errorf("regressions (-want +got):\n%s", d)
 	}
@@ -106,6 +106,7 @@ func TestReport(t *testing.T) {
 		"| kube-proxy | 2 | 1 | 1 | 0 | 1m0s |",
 		"| vsplane | 1 | 1 | 1 | 1 | 1m0s |",
 		"| " + both + " | passed | passed | 30 s / 20 s |  |",
+		"Pass on kube-proxy, not on vsplane: 1 (why: below).",
 		"| " + skipped + " | skipped | skipped | – / – | skipped by the spec: skipped |",
 		"vsplane: not yet understood: Failed to connect to backend 2",
 	} {
@@ -117,7 +118,7 @@ func TestReport(t *testing.T) {
 	// An explained failure is not reported as unexplained.
 	Explanations["vsplane"][regress] = Explanation{Kind: VsplaneBug, Text: "fixed in abc"}
 	defer delete(Explanations["vsplane"], regress)
-	r = NewReport("2026-12-03", runs)
+	r = NewReport("2026-12-03", Focus, runs)
 	if strings.Contains(strings.Join(r.Unexplained, "\n"), regress) {
 		t.Errorf("explained failure still unexplained: %v", r.Unexplained)
 	}
