@@ -263,7 +263,7 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 // to register and get its Pod range, configures CNI and the routes between
 // the nodes' Pod ranges, and waits until every Node is Ready.
 func (c *RealCluster) startNodes(ctx context.Context, netns []*vm.Node) error {
-	server := "https://" + vm.HostLoopIP + ":" + strconv.Itoa(c.APIPort)
+	server := c.guestAPIServer()
 	errs := make([]error, len(netns))
 	c.Nodes = make([]*nodes.Node, len(netns))
 	var wg sync.WaitGroup
@@ -330,6 +330,11 @@ func (c *RealCluster) startNodes(ctx context.Context, netns []*vm.Node) error {
 		}
 	}
 	return nil
+}
+
+// guestAPIServer is the apiserver's URL as the nodes reach it (guestfwd).
+func (c *RealCluster) guestAPIServer() string {
+	return "https://" + vm.HostLoopIP + ":" + strconv.Itoa(c.APIPort)
 }
 
 func (c *RealCluster) awaitPodCIDR(ctx context.Context, n *nodes.Node) (string, error) {
@@ -447,8 +452,7 @@ func (c *RealCluster) DeployVsplane(ctx context.Context) error {
 // alone: nf_conntrack_max is the VM's, not a node's) and returns once each
 // uses its IPVS proxier.
 func (c *RealCluster) StartKubeProxies(ctx context.Context) error {
-	server := "https://" + vm.HostLoopIP + ":" + strconv.Itoa(c.APIPort)
-	kc, err := c.Env.KubeconfigFor(server, "system:kube-proxy")
+	kc, err := c.Env.KubeconfigFor(c.guestAPIServer(), "system:kube-proxy")
 	if err != nil {
 		return err
 	}
