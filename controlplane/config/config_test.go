@@ -117,7 +117,8 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"udpTimeout too big", func(c *config.VsplaneConfiguration) { c.IPVS.UDPTimeout = dur(1000 * time.Hour) }, `ipvs.udpTimeout "1000h0m0s": must be <= 596h31m23s`},
 		{"excludeCIDRs", func(c *config.VsplaneConfiguration) { c.IPVS.ExcludeCIDRs = []string{"198.19.0.0/24", "198.19.0.0/33"} }, `ipvs.excludeCIDRs[1] "198.19.0.0/33": not a CIDR`},
 		{"clusterCIDRs", func(c *config.VsplaneConfiguration) { c.ClusterCIDRs = []string{"pods"} }, `clusterCIDRs[0] "pods": not a CIDR`},
-		{"nodePortAddresses", func(c *config.VsplaneConfiguration) { c.NodePortAddresses = []string{"198.19.0.1"} }, `nodePortAddresses[0] "198.19.0.1": not a CIDR`},
+		{"nodePortAddresses", func(c *config.VsplaneConfiguration) { c.NodePortAddresses = []string{"198.19.0.1"} }, `nodePortAddresses[0] "198.19.0.1": not a CIDR or one of the keywords primary, localhost, all`},
+		{"nodePortAddresses keyword twice", func(c *config.VsplaneConfiguration) { c.NodePortAddresses = []string{"primary", "10.0.0.0/8", "primary"} }, `nodePortAddresses[2] "primary": duplicate keyword`},
 		{"masqueradeBit", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 32 }, `masqueradeBit 32: must be 1..31`},
 		{"masqueradeBit 0", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 0 }, `masqueradeBit 0: must be 1..31`},
 		{"agentReconcilePeriod", func(c *config.VsplaneConfiguration) { c.AgentReconcilePeriod = dur(-time.Minute) }, `agentReconcilePeriod "-1m0s": must be >= 0`},
@@ -280,5 +281,30 @@ func TestExampleFileIsTheDefaults(t *testing.T) {
 		return len(a) == 0 && len(b) == 0 || strings.Join(a, ",") == strings.Join(b, ",")
 	})); diff != "" {
 		t.Errorf("example differs from the defaults (-defaults +example):\n%s", diff)
+	}
+}
+
+// TestNodePortKeywords: kube-proxy's keywords are accepted and reach the
+// translator expanded ("primary" is per node: a flag).
+func TestNodePortKeywords(t *testing.T) {
+	kp, err := config.Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\nnodePortAddresses: [primary]\n"))
+	if err != nil {
+		t.Fatalf("KubeProxyConfiguration with nodePortAddresses [primary]: %v", err)
+	}
+	if err := kp.Config.Validate(); err != nil || !kp.Config.Translate().NodePortPrimary {
+		t.Errorf("KubeProxyConfiguration [primary]: %v, primary %v", err, kp.Config.Translate().NodePortPrimary)
+	}
+	c := config.Defaults()
+	c.NodePortAddresses = []string{"primary", "localhost", " 198.19.0.0/24", "all"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	tc := c.Translate()
+	var got []string
+	for _, p := range tc.NodePortAddresses {
+		got = append(got, p.String())
+	}
+	if want := "127.0.0.0/8 ::1/128 198.19.0.0/24 0.0.0.0/0 ::/0"; strings.Join(got, " ") != want || !tc.NodePortPrimary {
+		t.Errorf("translate: %v primary=%v, want %s primary=true", got, tc.NodePortPrimary, want)
 	}
 }

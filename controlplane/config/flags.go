@@ -26,7 +26,7 @@ func Bind(fs *flag.FlagSet, c *VsplaneConfiguration) {
 	fs.Var((*configfile.Int32Value)(&c.MasqueradeBit), "masquerade-bit", "packet-mark bit requesting masquerade, 1..31"+overrides)
 	fs.Var((*configfile.ListValue)(&c.ClusterCIDRs), "cluster-cidr", "comma-separated pod CIDRs (local-traffic detection)"+overrides)
 	fs.Var((*configfile.ListValue)(&c.IPVS.ExcludeCIDRs), "ipvs-exclude-cidrs", "comma-separated CIDRs whose virtual servers agents never delete"+overrides)
-	fs.Var((*configfile.ListValue)(&c.NodePortAddresses), "nodeport-addresses", "comma-separated CIDRs selecting NodePort addresses (empty: all)"+overrides)
+	fs.Var((*configfile.ListValue)(&c.NodePortAddresses), "nodeport-addresses", "comma-separated CIDRs selecting NodePort addresses, or the keywords primary (the node's primary address per family), localhost, all (empty: all)"+overrides)
 	dur(&c.AgentReconcilePeriod.Duration, "agent-reconcile-period", "agents' full-reconcile period; 0 keeps each agent's flag")
 	// Process settings.
 	fs.StringVar(&p.ListenAddress, "listen", p.ListenAddress, "gRPC address (agent stream, inspection, health, reflection)"+overrides)

@@ -18,6 +18,7 @@ package config
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -160,9 +161,52 @@ func (c *VsplaneConfiguration) Translate() translate.Config {
 		MasqueradeBit:     uint32(c.MasqueradeBit),
 		ClusterCIDRs:      prefixes(c.ClusterCIDRs),
 		ExcludeCIDRs:      prefixes(c.IPVS.ExcludeCIDRs),
-		NodePortAddresses: prefixes(c.NodePortAddresses),
+		NodePortAddresses: prefixes(expandNodePortKeywords(c.NodePortAddresses)),
+		NodePortPrimary:   slices.Contains(trimmed(c.NodePortAddresses), NodePortPrimary),
 		ReconcilePeriod:   c.AgentReconcilePeriod.Duration,
 	}.WithDefaults()
+}
+
+// The keywords nodePortAddresses accepts besides CIDRs, as kube-proxy's
+// (v1.37) do.
+const (
+	// NodePortPrimary: each node's primary address of each family.
+	NodePortPrimary = "primary"
+	// NodePortLocalhost: 127.0.0.0/8 and ::1/128. IPVS never serves a
+	// NodePort on a loopback address (kube-proxy's IPVS mode skips them
+	// too), so on its own it leaves NodePorts on no address.
+	NodePortLocalhost = "localhost"
+	// NodePortAll: 0.0.0.0/0 and ::/0, the same as an empty list.
+	NodePortAll = "all"
+)
+
+// NodePortKeywords lists the nodePortAddresses keywords.
+var NodePortKeywords = []string{NodePortPrimary, NodePortLocalhost, NodePortAll}
+
+// expandNodePortKeywords replaces "localhost" and "all" by their CIDRs and
+// drops "primary" (per node: translate.Config.NodePortPrimary).
+func expandNodePortKeywords(in []string) []string {
+	var out []string
+	for _, s := range trimmed(in) {
+		switch s {
+		case NodePortPrimary:
+		case NodePortLocalhost:
+			out = append(out, "127.0.0.0/8", "::1/128")
+		case NodePortAll:
+			out = append(out, "0.0.0.0/0", "::/0")
+		default:
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func trimmed(in []string) []string {
+	out := make([]string, len(in))
+	for i, s := range in {
+		out[i] = strings.TrimSpace(s)
+	}
+	return out
 }
 
 func prefixes(in []string) []netip.Prefix {

@@ -46,7 +46,21 @@ func (c *VsplaneConfiguration) Validate() error {
 	}
 	cidrs("ipvs.excludeCIDRs", c.IPVS.ExcludeCIDRs)
 	cidrs("clusterCIDRs", c.ClusterCIDRs)
-	cidrs("nodePortAddresses", c.NodePortAddresses)
+	seen := map[string]bool{}
+	for i, s := range c.NodePortAddresses {
+		s = strings.TrimSpace(s)
+		path := fmt.Sprintf("nodePortAddresses[%d]", i)
+		switch {
+		case slices.Contains(NodePortKeywords, s) && seen[s]:
+			bad(path, s, "duplicate keyword")
+		case slices.Contains(NodePortKeywords, s):
+			seen[s] = true
+		default:
+			if _, err := netip.ParsePrefix(s); err != nil {
+				bad(path, s, "not a CIDR or one of the keywords %s", strings.Join(NodePortKeywords, ", "))
+			}
+		}
+	}
 	if b := c.MasqueradeBit; b < 1 || b > 31 {
 		bad("masqueradeBit", b, "must be 1..31 (0 cannot be sent: agents read it as the default %d)", Defaults().MasqueradeBit)
 	}

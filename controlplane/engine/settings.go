@@ -2,7 +2,6 @@ package engine
 
 import (
 	"reflect"
-	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -78,7 +77,7 @@ func (e *Engine) applySettings(w *work, c *settingsChange, nodes map[string]watc
 		}
 	}
 	services := 0
-	if !slices.Equal(c.old.NodePortAddresses, e.cfg.Translate.NodePortAddresses) {
+	if !translate.NodePortSelectionEqual(c.old, e.cfg.Translate) {
 		for k, se := range e.services {
 			if translate.UsesNodePortAddresses(se.svc) {
 				w.markDirty(k, time.Time{})

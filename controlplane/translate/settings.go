@@ -1,9 +1,11 @@
 package translate
 
 import (
-	"github.com/vsplane/vsplane/internal/wire"
 	"net/netip"
+	"slices"
 	"time"
+
+	"github.com/vsplane/vsplane/internal/wire"
 
 	"github.com/vsplane/vsplane/controlplane/model"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -24,8 +26,15 @@ type Config struct {
 	ClusterCIDRs []netip.Prefix
 	// ExcludeCIDRs: virtual servers inside them are never deleted by agents.
 	ExcludeCIDRs []netip.Prefix
-	// NodePortAddresses select NodePort addresses; empty = all node addresses.
+	// NodePortAddresses select NodePort addresses; a family with none of
+	// them (and no primary address from NodePortPrimary) serves NodePorts on
+	// all its node addresses.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary adds each node's primary address of each family (the
+	// first of that family in Node.status.addresses, as a /32 or /128):
+	// kube-proxy's nodePortAddresses keyword "primary". Per node, so it
+	// cannot be folded into NodePortAddresses.
+	NodePortPrimary bool
 	// ReconcilePeriod of the agents' full reconcile; 0 = agent default.
 	ReconcilePeriod time.Duration
 }
@@ -54,7 +63,7 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 		MasqueradeBit:          cfg.MasqueradeBit,
 		ClusterCidrs:           prefixes(cfg.ClusterCIDRs),
 		ExcludeCidrs:           prefixes(cfg.ExcludeCIDRs),
-		NodePortAddresses:      prefixes(cfg.NodePortAddresses),
+		NodePortAddresses:      prefixes(cfg.nodePortPrefixes(node)),
 		Zone:                   node.Zone,
 		ReconcilePeriodSeconds: seconds(cfg.ReconcilePeriod),
 		NodeDeleting:           node.Deleting,
@@ -63,6 +72,39 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 		ns.NodeIps = append(ns.NodeIps, a.String())
 	}
 	return ns
+}
+
+// nodePortPrefixes are the CIDRs that select node's NodePort addresses:
+// NodePortAddresses plus, with NodePortPrimary, the node's primary address
+// of each family. A node without addresses adds none (kube-proxy then pins
+// "primary" to loopback, which serves no NodePort, and falls back to every
+// address of a family without CIDRs, as the agent does).
+func (c Config) nodePortPrefixes(node *model.Node) []netip.Prefix {
+	if !c.NodePortPrimary {
+		return c.NodePortAddresses
+	}
+	out := slices.Clone(c.NodePortAddresses)
+	var have4, have6 bool
+	for _, a := range node.Addresses {
+		switch {
+		case a.Is4() && !have4:
+			have4 = true
+		case a.Is6() && !have6:
+			have6 = true
+		default:
+			continue
+		}
+		if p := netip.PrefixFrom(a, a.BitLen()); !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// NodePortSelectionEqual reports whether a and b select the same NodePort
+// addresses on every node.
+func NodePortSelectionEqual(a, b Config) bool {
+	return a.NodePortPrimary == b.NodePortPrimary && slices.Equal(a.NodePortAddresses, b.NodePortAddresses)
 }
 
 func seconds(d time.Duration) uint32 {

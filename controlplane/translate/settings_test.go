@@ -2,6 +2,7 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,5 +44,36 @@ func TestServiceReadsOnlyNodePortAddresses(t *testing.T) {
 		if lb && !changed {
 			t.Errorf("fixture: NodePortAddresses did not matter for the load-balancer IP on a node address")
 		}
+	}
+}
+
+// TestNodePortPrimary: "primary" adds each node's first address of each
+// family to the node's NodePort CIDRs, and an external IP is a NodePort
+// address when it is in a CIDR of its family, or its family has none.
+func TestNodePortPrimary(t *testing.T) {
+	cfg := Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, NodePortPrimary: true}
+	node := &model.Node{Name: "n1", Addresses: []netip.Addr{
+		netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.19.0.99"), netip.MustParseAddr("2001:db8::11")}}
+	got := NodeSettings(node, cfg).GetNodePortAddresses()
+	if want := []string{"10.0.0.0/8", "198.19.0.11/32", "2001:db8::11/128"}; !slices.Equal(got, want) {
+		t.Errorf("node settings: %v, want %v", got, want)
+	}
+	if got := NodeSettings(&model.Node{Name: "bare"}, cfg).GetNodePortAddresses(); !slices.Equal(got, []string{"10.0.0.0/8"}) {
+		t.Errorf("node without addresses: %v, want only the configured CIDR", got)
+	}
+	tr := &translation{node: node, cfg: cfg}
+	for addr, want := range map[string]bool{"198.19.0.11": true, "198.19.0.99": false, "2001:db8::11": true} {
+		if got := tr.isNodePortAddress(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("isNodePortAddress(%s) = %v, want %v", addr, got, want)
+		}
+	}
+	v4only := &translation{node: node, cfg: Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.19.0.99/32")}}}
+	for addr, want := range map[string]bool{"198.19.0.11": false, "198.19.0.99": true, "2001:db8::11": true} {
+		if got := v4only.isNodePortAddress(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("IPv4 CIDR only: isNodePortAddress(%s) = %v, want %v (no CIDR of a family: all of it)", addr, got, want)
+		}
+	}
+	if NodePortSelectionEqual(cfg, Config{NodePortAddresses: cfg.NodePortAddresses}) {
+		t.Error("NodePortSelectionEqual ignores NodePortPrimary")
 	}
 }

@@ -350,10 +350,17 @@ func (t *translation) isNodePortAddress(ip netip.Addr) bool {
 	if !slices.Contains(t.node.Addresses, ip) {
 		return false
 	}
-	if len(t.cfg.NodePortAddresses) == 0 {
-		return true
+	// Per family, as the agent selects them: no CIDR of ip's family = all.
+	var sameFamily bool
+	for _, p := range t.cfg.nodePortPrefixes(t.node) {
+		if p.Addr().Is4() == ip.Is4() {
+			if p.Contains(ip) {
+				return true
+			}
+			sameFamily = true
+		}
 	}
-	return slices.ContainsFunc(t.cfg.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(ip) })
+	return !sameFamily
 }
 
 func portLabel(sp model.ServicePort) string {
