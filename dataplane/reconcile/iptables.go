@@ -38,8 +38,7 @@ func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
 	}
 	for _, c := range s.clusterCIDRs {
 		if kernel.FamilyOf(c.Addr()) == fam {
-			in.ClusterCIDR = c
-			break
+			in.ClusterCIDRs = append(in.ClusterCIDRs, c)
 		}
 	}
 	for ref := range p.desired.setRefs {
@@ -166,7 +165,7 @@ func (m renderMemo) render(in rules.Input) (rules.Ruleset, []byte, error) {
 // field this does not compare.
 func sameRulesInput(a, b rules.Input) bool {
 	return a.Family == b.Family && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
-		a.ClusterCIDR == b.ClusterCIDR && a.RandomFully == b.RandomFully &&
+		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && a.RandomFully == b.RandomFully &&
 		a.ConntrackTCPLiberal == b.ConntrackTCPLiberal && a.NonEmpty == b.NonEmpty &&
 		slices.Equal(a.LoadBalancerNoNodeAccess, b.LoadBalancerNoNodeAccess)
 }

@@ -110,8 +110,8 @@ func TestSameRulesInputComparesEveryField(t *testing.T) {
 			changed.MasqueradeAll = true
 		case "MasqueradeBit":
 			changed.MasqueradeBit = 15
-		case "ClusterCIDR":
-			changed.ClusterCIDR = netip.MustParsePrefix("198.19.0.0/16")
+		case "ClusterCIDRs":
+			changed.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}
 		case "RandomFully":
 			changed.RandomFully = true
 		case "ConntrackTCPLiberal":

@@ -154,9 +154,19 @@ func (b *builder) clusterIPRules() {
 	switch {
 	case b.in.MasqueradeAll:
 		b.add(kernel.TableNAT, ChainServices, match, "-j", ChainMarkMasq)
-	case b.in.ClusterCIDR.IsValid():
+	case len(b.in.ClusterCIDRs) == 1:
 		// kube-proxy writes the source match last; iptables-save prints it first.
-		b.add(kernel.TableNAT, ChainServices, "! -s", b.in.ClusterCIDR.Masked().String(), match, "-j", ChainMarkMasq)
+		b.add(kernel.TableNAT, ChainServices, "! -s", b.in.ClusterCIDRs[0].Masked().String(), match, "-j", ChainMarkMasq)
+	case len(b.in.ClusterCIDRs) > 1:
+		// One negated source match cannot name several ranges. Pod traffic
+		// is accepted here, as acceptIPVSTraffic's rule would accept it
+		// later, so what reaches the mark rule is not from a pod. (Unlike
+		// kube-proxy, a pod's connection to a ClusterIP port that is also
+		// some NodePort's number is then not masqueraded by KUBE-NODE-PORT.)
+		for _, c := range b.in.ClusterCIDRs {
+			b.add(kernel.TableNAT, ChainServices, "-s", c.Masked().String(), match, "-j ACCEPT")
+		}
+		b.add(kernel.TableNAT, ChainServices, match, "-j", ChainMarkMasq)
 	default:
 		// No way to tell pod traffic: masquerade traffic whose source is a
 		// VIP (node-originated connections pick the VIP on kube-ipvs0).

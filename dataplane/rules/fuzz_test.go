@@ -45,7 +45,7 @@ func fuzzInput(b []byte) Input {
 		if flags&64 != 0 {
 			addr = addr.Unmap()
 		}
-		in.ClusterCIDR = netip.PrefixFrom(addr, int(byteAt()%130))
+		in.ClusterCIDRs = []netip.Prefix{netip.PrefixFrom(addr, int(byteAt()%130))}
 	}
 	for len(b) > 0 {
 		var a [16]byte
@@ -74,21 +74,21 @@ func fuzzSeed(in Input, zones ...string) []byte {
 	var b bytes.Buffer
 	var flags byte
 	flags |= map[kernel.Family]byte{kernel.FamilyIPv4: 0, kernel.FamilyIPv6: 1}[in.Family]
-	for bit, on := range map[byte]bool{4: in.MasqueradeAll, 8: in.RandomFully, 16: in.ConntrackTCPLiberal, 32: in.ClusterCIDR.IsValid()} {
+	for bit, on := range map[byte]bool{4: in.MasqueradeAll, 8: in.RandomFully, 16: in.ConntrackTCPLiberal, 32: len(in.ClusterCIDRs) > 0} {
 		if on {
 			flags |= bit
 		}
 	}
-	if in.ClusterCIDR.Addr().Is4() {
+	if len(in.ClusterCIDRs) > 0 && in.ClusterCIDRs[0].Addr().Is4() {
 		flags |= 64
 	}
 	b.WriteByte(flags)
 	b.WriteByte(in.MasqueradeBit)
 	b.Write(binary.LittleEndian.AppendUint32(nil, uint32(in.NonEmpty)))
-	if in.ClusterCIDR.IsValid() {
-		a := in.ClusterCIDR.Addr().As16()
+	if len(in.ClusterCIDRs) > 0 {
+		a := in.ClusterCIDRs[0].Addr().As16()
 		b.Write(a[:])
-		b.WriteByte(byte(in.ClusterCIDR.Bits()))
+		b.WriteByte(byte(in.ClusterCIDRs[0].Bits()))
 	}
 	for i, vp := range in.LoadBalancerNoNodeAccess {
 		a := vp.IP.As16()

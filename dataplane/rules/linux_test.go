@@ -86,12 +86,17 @@ var (
 	}
 )
 
+var moreClusterCIDRs = map[kernel.Family][]netip.Prefix{
+	kernel.FamilyIPv4: {netip.MustParsePrefix("10.1.0.0/24"), netip.MustParsePrefix("10.2.0.0/24")},
+	kernel.FamilyIPv6: {netip.MustParsePrefix("fd00:1::/64"), netip.MustParsePrefix("fd00:2::/64")},
+}
+
 // realInputs are the inputs applied in sequence on a real kernel: every set
 // non-empty, then the variants, then back to none, so each transition
 // (rules added, rules removed) is checked. withNoNodeAccess adds
 // KUBE-IPVS-OUT-FILTER rules, whose ipvs match needs a kernel with IPVS.
 func realInputs(fam kernel.Family, randomFully, withNoNodeAccess bool) []rules.Input {
-	all := rules.Input{Family: fam, MasqueradeBit: 14, ClusterCIDR: clusterCIDR[fam], RandomFully: randomFully, NonEmpty: allSets}
+	all := rules.Input{Family: fam, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR[fam]}, RandomFully: randomFully, NonEmpty: allSets}
 	if withNoNodeAccess {
 		all.LoadBalancerNoNodeAccess = []rules.VirtualPort{
 			{IP: lbAddr[fam], Port: 80, Protocol: kernel.ProtocolTCP},
@@ -100,12 +105,16 @@ func realInputs(fam kernel.Family, randomFully, withNoNodeAccess bool) []rules.I
 		}
 	}
 	masqAll := all
-	masqAll.MasqueradeAll, masqAll.ClusterCIDR = true, netip.Prefix{}
+	masqAll.MasqueradeAll, masqAll.ClusterCIDRs = true, nil
 	noCIDR := all
-	noCIDR.ClusterCIDR, noCIDR.ConntrackTCPLiberal, noCIDR.LoadBalancerNoNodeAccess = netip.Prefix{}, true, nil
+	noCIDR.ClusterCIDRs, noCIDR.ConntrackTCPLiberal, noCIDR.LoadBalancerNoNodeAccess = nil, true, nil
+	// Several cluster CIDRs of the family (kube-proxy takes one).
+	threeCIDRs := all
+	threeCIDRs.ClusterCIDRs = append([]netip.Prefix{clusterCIDR[fam]}, moreClusterCIDRs[fam]...)
 	return []rules.Input{
 		all,
-		{Family: fam, MasqueradeBit: 14, ClusterCIDR: clusterCIDR[fam], RandomFully: randomFully,
+		threeCIDRs,
+		{Family: fam, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR[fam]}, RandomFully: randomFully,
 			NonEmpty: rules.SetMask(0).With(rules.SetClusterIP).With(rules.SetLoopBack)},
 		masqAll,
 		noCIDR,

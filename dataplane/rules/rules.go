@@ -50,9 +50,10 @@ type Input struct {
 	MasqueradeAll bool
 	// MasqueradeBit is the packet-mark bit requesting SNAT (0..31).
 	MasqueradeBit uint8
-	// ClusterCIDR of this family for local-traffic detection; the zero
-	// Prefix disables detection (kube-proxy then masquerades by source VIP).
-	ClusterCIDR netip.Prefix
+	// ClusterCIDRs of this family for local-traffic detection; none
+	// disables detection (kube-proxy then masquerades by source VIP).
+	// kube-proxy takes one per family; vsplane takes any number.
+	ClusterCIDRs []netip.Prefix
 	// RandomFully: MASQUERADE supports --random-fully.
 	RandomFully bool
 	// ConntrackTCPLiberal: nf_conntrack_tcp_be_liberal is set, so INVALID
@@ -81,8 +82,10 @@ func (in Input) Validate() error {
 	if in.MasqueradeBit > 31 {
 		return fmt.Errorf("rules: masquerade bit %d out of range 0..31: %w", in.MasqueradeBit, kernel.ErrInvalid)
 	}
-	if in.ClusterCIDR.IsValid() && kernel.FamilyOf(in.ClusterCIDR.Addr().Unmap()) != in.Family {
-		return fmt.Errorf("rules: cluster CIDR %v is not %v: %w", in.ClusterCIDR, in.Family, kernel.ErrInvalid)
+	for _, c := range in.ClusterCIDRs {
+		if !c.IsValid() || kernel.FamilyOf(c.Addr().Unmap()) != in.Family {
+			return fmt.Errorf("rules: cluster CIDR %v is not %v: %w", c, in.Family, kernel.ErrInvalid)
+		}
 	}
 	for _, vp := range in.LoadBalancerNoNodeAccess {
 		if err := vp.validate(in.Family); err != nil {

@@ -41,7 +41,7 @@ var (
 
 func goldenCases() map[string]Input {
 	both := SetMask(0).With(SetClusterIP).With(SetLoopBack)
-	v4 := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDR: cluster4, RandomFully: true}
+	v4 := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster4}, RandomFully: true}
 	with := func(in Input, f func(*Input)) Input { f(&in); return in }
 	return map[string]Input{
 		"ipv4_empty":     v4,
@@ -49,13 +49,13 @@ func goldenCases() map[string]Input {
 		"ipv4_all_sets": with(v4, func(in *Input) {
 			in.NonEmpty, in.LoadBalancerNoNodeAccess = allSets, noNodeAccess4
 		}),
-		"ipv6_all_sets": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster6, RandomFully: true,
+		"ipv6_all_sets": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true,
 			NonEmpty: allSets, LoadBalancerNoNodeAccess: noNodeAccess6},
 		"ipv4_masq_all":      {Family: kernel.FamilyIPv4, MasqueradeBit: 14, MasqueradeAll: true, NonEmpty: allSets},
 		"ipv4_no_cidr":       {Family: kernel.FamilyIPv4, MasqueradeBit: 14, NonEmpty: allSets},
 		"ipv4_liberal":       with(v4, func(in *Input) { in.NonEmpty, in.ConntrackTCPLiberal = both, true }),
-		"ipv6_clusterip":     {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster6, RandomFully: true, NonEmpty: both},
-		"ipv4_bit0_no_fully": {Family: kernel.FamilyIPv4, MasqueradeBit: 0, ClusterCIDR: cluster4, NonEmpty: both},
+		"ipv6_clusterip":     {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true, NonEmpty: both},
+		"ipv4_bit0_no_fully": {Family: kernel.FamilyIPv4, MasqueradeBit: 0, ClusterCIDRs: []netip.Prefix{cluster4}, NonEmpty: both},
 	}
 }
 
@@ -85,18 +85,20 @@ func TestGolden(t *testing.T) {
 }
 
 func TestRenderRules(t *testing.T) {
-	base := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDR: cluster4, RandomFully: true}
+	base := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster4}, RandomFully: true}
 	withCIP := base
 	withCIP.NonEmpty = SetMask(0).With(SetClusterIP)
 	masqAll := withCIP
 	masqAll.MasqueradeAll = true
 	noCIDR := withCIP
-	noCIDR.ClusterCIDR = netip.Prefix{}
+	noCIDR.ClusterCIDRs = nil
 	v6 := withCIP
 	v6.Family = kernel.FamilyIPv6
-	v6.ClusterCIDR = netip.MustParsePrefix("2001:2::/64")
+	v6.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("2001:2::/64")}
 	noFully := base
 	noFully.RandomFully = false
+	threeCIDRs := withCIP
+	threeCIDRs.ClusterCIDRs = []netip.Prefix{cluster4, netip.MustParsePrefix("10.1.0.0/24"), netip.MustParsePrefix("10.2.0.0/24")}
 	tests := []struct {
 		name  string
 		in    Input
@@ -108,6 +110,15 @@ func TestRenderRules(t *testing.T) {
 		{"cluster ip not from pods", withCIP, ChainServices, []string{
 			`-s 127.0.0.0/8 -j RETURN`,
 			`! -s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
+			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
+			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
+		}},
+		{"several cluster cidrs: pods accepted, the rest marked", threeCIDRs, ChainServices, []string{
+			`-s 127.0.0.0/8 -j RETURN`,
+			`-s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
+			`-s 10.1.0.0/24 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
+			`-s 10.2.0.0/24 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
+			`-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
 			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 		}},
@@ -173,7 +184,7 @@ func TestRenderRejectsBadInput(t *testing.T) {
 	for name, in := range map[string]Input{
 		"no family":      {MasqueradeBit: 14},
 		"bit too large":  {Family: kernel.FamilyIPv4, MasqueradeBit: 32},
-		"cidr of family": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster4},
+		"cidr of family": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster4}},
 		"lb of family":   {Family: kernel.FamilyIPv6, MasqueradeBit: 14, LoadBalancerNoNodeAccess: noNodeAccess4},
 		"lb port 0": {Family: kernel.FamilyIPv4, LoadBalancerNoNodeAccess: []VirtualPort{
 			{netip.MustParseAddr("198.18.200.1"), 0, kernel.ProtocolTCP}}},

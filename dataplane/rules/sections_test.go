@@ -37,9 +37,9 @@ func mustRender(t *testing.T, in Input) Ruleset {
 // TestNewChains pins each chain this issue added, for an input with every
 // set non-empty; each row fails without its section.
 func TestNewChains(t *testing.T) {
-	v4 := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDR: cluster4, RandomFully: true,
+	v4 := Input{Family: kernel.FamilyIPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster4}, RandomFully: true,
 		NonEmpty: allSets, LoadBalancerNoNodeAccess: noNodeAccess4}
-	v6 := Input{Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDR: cluster6, NonEmpty: allSets,
+	v6 := Input{Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, NonEmpty: allSets,
 		LoadBalancerNoNodeAccess: noNodeAccess6}
 	nat, filter := kernel.TableNAT, kernel.TableFilter
 	for _, tc := range []struct {

@@ -75,6 +75,8 @@ func TestVMServiceSemantics(t *testing.T) {
 	phase("healthCheckNodePort")
 	t.Run("ITP Local keeps ClusterIP traffic on the node's endpoints", func(t *testing.T) { e.itpLocal(t, s) })
 	phase("ITP Local")
+	t.Run("Pods of every cluster CIDR keep their source address to a ClusterIP", func(t *testing.T) { e.everyClusterCIDR(t, s) })
+	phase("every cluster CIDR")
 	t.Run("Services of another proxy are ignored", func(t *testing.T) { e.ignored(t, s) })
 	phase("ignored Service")
 	t.Run("terminating endpoints serve when none is ready", func(t *testing.T) { e.terminating(t, s) })
@@ -558,6 +560,33 @@ func (e *semEnv) itpLocal(t *testing.T, s *services) {
 	addr := hostPort(s.itp.Spec.ClusterIP, 80)
 	e.await(t, e.client, "tcp", addr, 10, only("pod-a"))
 	e.await(t, e.client2, "tcp", addr, 10, only("pod-b"))
+}
+
+// everyClusterCIDR: the cluster CIDRs are both nodes' pod CIDRs (two per
+// family), so pod-b's addresses are in the second of each family. Its
+// connections to ClusterIPs whose endpoints are on node1 must keep its
+// source address (no masquerade), over IPv4 and IPv6.
+func (e *semEnv) everyClusterCIDR(t *testing.T, s *services) {
+	pod := e.c.Pods["pod-b"]
+	var v6 string
+	for _, ip := range s.loc6.Spec.ClusterIPs {
+		if strings.Contains(ip, ":") {
+			v6 = ip
+		}
+	}
+	for _, c := range []struct{ addr, src string }{
+		{hostPort(s.loc.Spec.ClusterIP, 80), pod.IP}, // pod-a, pod-a2
+		{hostPort(v6, 80), pod.IP6},                  // pod-a
+	} {
+		_, out := e.await(t, &pod.Netns, "tcp", c.addr, 6, nil)
+		for b, srcs := range peers(out) {
+			for _, src := range srcs {
+				if src != c.src {
+					t.Errorf("%s saw %s from pod-b (%s) through ClusterIP %s: masqueraded (pod-b is in the second cluster CIDR)", b, src, c.src, c.addr)
+				}
+			}
+		}
+	}
 }
 
 func (e *semEnv) ignored(t *testing.T, s *services) {
