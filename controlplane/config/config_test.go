@@ -118,7 +118,9 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"excludeCIDRs", func(c *config.VsplaneConfiguration) { c.IPVS.ExcludeCIDRs = []string{"198.19.0.0/24", "198.19.0.0/33"} }, `ipvs.excludeCIDRs[1] "198.19.0.0/33": not a CIDR`},
 		{"clusterCIDRs", func(c *config.VsplaneConfiguration) { c.ClusterCIDRs = []string{"pods"} }, `clusterCIDRs[0] "pods": not a CIDR`},
 		{"nodePortAddresses", func(c *config.VsplaneConfiguration) { c.NodePortAddresses = []string{"198.19.0.1"} }, `nodePortAddresses[0] "198.19.0.1": not a CIDR or one of the keywords primary, localhost, all`},
-		{"nodePortAddresses keyword twice", func(c *config.VsplaneConfiguration) { c.NodePortAddresses = []string{"primary", "10.0.0.0/8", "primary"} }, `nodePortAddresses[2] "primary": duplicate keyword`},
+		{"nodePortAddresses keyword twice", func(c *config.VsplaneConfiguration) {
+			c.NodePortAddresses = []string{"primary", "10.0.0.0/8", "primary"}
+		}, `nodePortAddresses[2] "primary": duplicate keyword`},
 		{"masqueradeBit", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 32 }, `masqueradeBit 32: must be 1..31`},
 		{"masqueradeBit 0", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 0 }, `masqueradeBit 0: must be 1..31`},
 		{"agentReconcilePeriod", func(c *config.VsplaneConfiguration) { c.AgentReconcilePeriod = dur(-time.Minute) }, `agentReconcilePeriod "-1m0s": must be >= 0`},
