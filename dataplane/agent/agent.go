@@ -193,11 +193,13 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	a.Metrics, err = dpmetrics.New(a.registry, dpmetrics.Options{
 		// kube-proxy: unhealthy when a queued update waits 2× the sync period.
 		HealthTimeout: 2 * period,
+		Families:      familyNames(cfg.Reconcile.Families),
 		Stats: func() dpmetrics.Stats {
 			s := rec.Stats()
 			return dpmetrics.Stats{FullReconciles: s.FullReconciles, LastFullReconcile: s.LastFullReconcile,
 				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources,
-				Draining: s.Draining, DrainsCompleted: s.DrainsCompleted, DrainsTimedOut: s.DrainsTimedOut}
+				Draining: s.Draining, DrainsCompleted: s.DrainsCompleted, DrainsTimedOut: s.DrainsTimedOut,
+				RestoreFailures: byFamilyName(s.RestoreFailures)}
 		},
 	})
 	if err != nil {
@@ -446,7 +448,7 @@ func (a *Agent) httpHandler(metrics bool) http.Handler {
 	if metrics {
 		mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
 	}
-	mux.Handle("/healthz", a.Metrics.NodeHealthzHandler(a.Reconciler.NodeDeleting))
+	mux.Handle("/healthz", a.Metrics.NodeHealthzHandler(a.Reconciler.NodeEligible))
 	mux.Handle("/livez", a.Metrics.LivezHandler())
 	return mux
 }
@@ -507,4 +509,31 @@ func (n notifyApplier) Apply(ctx context.Context, d *vsplanev1.Delta) *vsplanev1
 	default:
 	}
 	return ack
+}
+
+// familyName is kube-proxy's name of a family in metrics and health
+// bodies (v1.IPFamily: "IPv4", "IPv6").
+func familyName(f kernel.Family) string {
+	if f == kernel.FamilyIPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// familyNames names families in order; none means the reconciler's
+// default (IPv4), which dpmetrics.Options also defaults to.
+func familyNames(fams []kernel.Family) []string {
+	var out []string
+	for _, f := range fams {
+		out = append(out, familyName(f))
+	}
+	return out
+}
+
+func byFamilyName(m map[kernel.Family]uint64) map[string]uint64 {
+	out := make(map[string]uint64, len(m))
+	for f, n := range m {
+		out[familyName(f)] += n
+	}
+	return out
 }

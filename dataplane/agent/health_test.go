@@ -117,7 +117,8 @@ func TestHealthCheckNodePortsFollowAppliedState(t *testing.T) {
 	awaitCode(t, port, 0)
 }
 
-// /healthz follows node/settings node_deleting; /livez does not.
+// /healthz follows node/settings: not eligible before they arrive, nor
+// while node_deleting; /livez looks at neither.
 func TestHealthzNodeDeleting(t *testing.T) {
 	a := healthAgent(t)
 	h := a.httpHandler(false) // the --healthz-address handler
@@ -134,6 +135,9 @@ func TestHealthzNodeDeleting(t *testing.T) {
 		return rec.Code
 	}() != http.StatusOK {
 		t.Errorf("the metrics listener does not serve /metrics")
+	}
+	if code("/healthz") != 503 || code("/livez") != 200 {
+		t.Errorf("before the node settings: healthz %d livez %d, want 503 (kube-proxy: Node not seen yet) and 200", code("/healthz"), code("/livez"))
 	}
 	ctx := context.Background()
 	a.Reconciler.Apply(ctx, &vsplanev1.Delta{Nonce: "1", ReplaceAll: true, Resources: []*vsplanev1.Resource{nodeSettings(false)}})

@@ -17,11 +17,21 @@ func (m *Agent) health() (healthy bool, lastUpdated, now time.Time) {
 	return pending.IsZero() || now.Sub(pending) < m.opts.HealthTimeout, last, now
 }
 
-// healthBody is kube-proxy's JSON body (nodeEligible only on /healthz).
+// healthBody is kube-proxy's (v1.37) JSON body (nodeEligible only on
+// /healthz). The agent applies both families in one pass, so each family's
+// status is the agent's.
 type healthBody struct {
-	LastUpdated  time.Time `json:"lastUpdated"`
-	CurrentTime  time.Time `json:"currentTime"`
-	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	LastUpdated  time.Time               `json:"lastUpdated"`
+	CurrentTime  time.Time               `json:"currentTime"`
+	NodeEligible *bool                   `json:"nodeEligible,omitempty"`
+	Healthy      bool                    `json:"healthy"`
+	Status       map[string]familyHealth `json:"status,omitempty"`
+}
+
+// familyHealth is kube-proxy's per-family ProxierHealth.
+type familyHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
 }
 
 // HealthzHandler serves kube-proxy's /healthz: 200 when the last received
@@ -30,15 +40,16 @@ type healthBody struct {
 func (m *Agent) HealthzHandler() http.Handler { return m.NodeHealthzHandler(nil) }
 
 // NodeHealthzHandler is HealthzHandler with node eligibility, as kube-proxy
-// serves it: while deleting() reports the Node being deleted (deletion
-// timestamp or the cluster autoscaler's ToBeDeletedByClusterAutoscaler
-// taint; the control plane sends it as NodeSettings.node_deleting), the
-// answer is 503 with nodeEligible false, so load balancers using /healthz
-// stop sending to the node. nil deleting means never deleting. /livez
-// ignores eligibility.
-func (m *Agent) NodeHealthzHandler(deleting func() bool) http.Handler {
+// serves it: while eligible() is false the answer is 503 with nodeEligible
+// false, so load balancers using /healthz stop sending to the node. The
+// agent's eligible is false until its node settings arrived (kube-proxy:
+// until its informer has the Node) and while they say the Node is being
+// deleted (deletion timestamp or the cluster autoscaler's
+// ToBeDeletedByClusterAutoscaler taint: NodeSettings.node_deleting). nil
+// eligible means always eligible. /livez ignores eligibility.
+func (m *Agent) NodeHealthzHandler(eligible func() bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		eligible := deleting == nil || !deleting()
+		eligible := eligible == nil || eligible()
 		m.serveHealth(w, &eligible, func(code int) { m.healthz.WithLabelValues(strconv.Itoa(code)).Inc() })
 	})
 }
@@ -59,7 +70,12 @@ func (m *Agent) LivezHandler() http.Handler {
 }
 
 func (m *Agent) serveHealth(w http.ResponseWriter, eligible *bool, count func(int)) {
-	healthy, last, now := m.health()
+	proxyHealthy, last, now := m.health()
+	body := healthBody{CurrentTime: now, NodeEligible: eligible, Healthy: proxyHealthy, Status: map[string]familyHealth{}}
+	for _, fam := range m.opts.Families {
+		body.Status[fam] = familyHealth{LastUpdated: last, Healthy: proxyHealthy}
+	}
+	healthy := proxyHealthy
 	if eligible != nil {
 		healthy = healthy && *eligible
 	}
@@ -75,5 +91,6 @@ func (m *Agent) serveHealth(w http.ResponseWriter, eligible *bool, count func(in
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(healthBody{LastUpdated: last, CurrentTime: now, NodeEligible: eligible})
+	body.LastUpdated = last
+	_ = json.NewEncoder(w).Encode(body)
 }

@@ -17,13 +17,18 @@ func TestHealthzNodeDeleting(t *testing.T) {
 		t.Fatal(err)
 	}
 	var deleting atomic.Bool
-	h := m.NodeHealthzHandler(deleting.Load)
-	if r := get(t, h); r.code != 200 || r.body["nodeEligible"] != true {
+	h := m.NodeHealthzHandler(func() bool { return !deleting.Load() })
+	r := get(t, h)
+	if r.code != 200 || r.body["nodeEligible"] != true || r.body["healthy"] != true {
 		t.Errorf("eligible node: %+v", r)
 	}
+	// kube-proxy v1.37's per-family status (IPv4 by default).
+	if st, _ := r.body["status"].(map[string]any); len(st) != 1 || st["IPv4"] == nil {
+		t.Errorf("status: %v, want one entry for IPv4", r.body["status"])
+	}
 	deleting.Store(true)
-	r := get(t, h)
-	if r.code != 503 || r.body["nodeEligible"] != false || r.body["lastUpdated"] == r.body["currentTime"] {
+	r = get(t, h)
+	if r.code != 503 || r.body["nodeEligible"] != false || r.body["healthy"] != true || r.body["lastUpdated"] == r.body["currentTime"] {
 		t.Errorf("node being deleted: %+v", r)
 	}
 	if r := get(t, m.LivezHandler()); r.code != 200 {

@@ -33,6 +33,9 @@ type Stats struct {
 	// with no connections left or at the maximum drain time (monotonic).
 	Draining                        int
 	DrainsCompleted, DrainsTimedOut uint64
+	// RestoreFailures counts failed iptables-restore runs by IP family
+	// ("IPv4", "IPv6"); monotonic.
+	RestoreFailures map[string]uint64
 }
 
 // Options configure the agent metrics.
@@ -44,6 +47,10 @@ type Options struct {
 	HealthTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Families are the IP families the agent manages ("IPv4", "IPv6"), each
+	// reported in the health body's status and in the per-family
+	// counters (as kube-proxy reports each proxier). Default IPv4.
+	Families []string
 }
 
 var (
@@ -59,6 +66,8 @@ var (
 	drainsDesc = prometheus.NewDesc("vsplane_agent_drains_total",
 		"Drains that ended, by outcome: completed (no connections left) or timed_out (maximum drain time reached).",
 		[]string{"outcome"}, nil)
+	restoreFailuresDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+		"Cumulative iptables-restore failures, by IP family.", []string{"ip_family"}, nil)
 	lastDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		"The last time the kernel state was successfully synced (a Delta applied or a full reconcile ran).", nil, nil)
 )
@@ -95,6 +104,9 @@ func New(reg prometheus.Registerer, opts Options) (*Agent, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if len(opts.Families) == 0 {
+		opts.Families = []string{"IPv4"}
 	}
 	m := &Agent{
 		opts: opts,
@@ -215,6 +227,7 @@ func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- failedDesc
 	ch <- drainingDesc
 	ch <- drainsDesc
+	ch <- restoreFailuresDesc
 	ch <- lastDesc
 }
 
@@ -232,6 +245,9 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, float64(s.Draining))
 		ch <- prometheus.MustNewConstMetric(drainsDesc, prometheus.CounterValue, float64(s.DrainsCompleted), "completed")
 		ch <- prometheus.MustNewConstMetric(drainsDesc, prometheus.CounterValue, float64(s.DrainsTimedOut), "timed_out")
+		for _, fam := range c.m.opts.Families {
+			ch <- prometheus.MustNewConstMetric(restoreFailuresDesc, prometheus.CounterValue, float64(s.RestoreFailures[fam]), fam)
+		}
 		if s.LastFullReconcile.After(last) {
 			last = s.LastFullReconcile
 		}

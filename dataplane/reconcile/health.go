@@ -49,10 +49,13 @@ func (r *Reconciler) NodePortAddresses() (addrs []netip.Addr, restricted bool) {
 	return addrs, len(r.desired.settings().nodePortCIDRs) > 0
 }
 
-// NodeDeleting reports the node/settings node_deleting flag: the Node is
-// being deleted and the agent's /healthz should fail (kube-proxy).
-func (r *Reconciler) NodeDeleting() bool {
+// NodeEligible reports whether the node may receive traffic from load
+// balancers, as kube-proxy's /healthz decides: the node settings (what the
+// agent knows of its Node) have arrived, and they do not say the Node is
+// being deleted (node_deleting).
+func (r *Reconciler) NodeEligible() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.desired.settings().nodeDeleting
+	_, seen := r.desired.res[SettingsResource]
+	return seen && !r.desired.settings().nodeDeleting
 }

@@ -99,6 +99,10 @@ func (p *pass) syncIPTables(verify bool, names []string) {
 			}
 			p.count(OpRestore)
 			if err := p.k.IPTables.Restore(p.ctx, fam, payload); err != nil {
+				if p.restoreFailures == nil {
+					p.restoreFailures = map[kernel.Family]uint32{}
+				}
+				p.restoreFailures[fam]++
 				p.fail(names, fmt.Sprintf("iptables-restore (%v)", fam), err)
 				continue
 			}

@@ -64,6 +64,8 @@ type pass struct {
 	errs     map[string][]string
 	unowned  []string
 	drainOps map[string]uint32
+	// restoreFailures counts failed iptables-restore runs by family.
+	restoreFailures map[kernel.Family]uint32
 
 	localElse map[netip.Addr]bool // on an interface other than kube-ipvs0
 	// listed is the IPVS table read by a full pass (nil: read per key), so

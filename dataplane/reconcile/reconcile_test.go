@@ -641,3 +641,30 @@ func TestRunRepairsDriftPeriodically(t *testing.T) {
 	}
 	wantState(t, mk, twoServices)
 }
+
+// A failed iptables-restore is counted per family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total) and the
+// retry that succeeds does not count.
+func TestRestoreFailuresCounted(t *testing.T) {
+	mk := memory.New()
+	restoreErr := errors.New("iptables-restore: line 3 failed")
+	mk.SetFault(func(op string) error {
+		if op == "iptables.Restore" {
+			return restoreErr
+		}
+		return nil
+	})
+	r := newReconciler(t, mk, Config{})
+	apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource()))
+	if got := r.Stats().RestoreFailures; got[kernel.FamilyIPv4] != 1 || len(got) != 1 {
+		t.Fatalf("after one failed restore: %v, want IPv4: 1", got)
+	}
+	mk.SetFault(nil)
+	r.Reconcile(context.Background())
+	if got := r.Stats().RestoreFailures; got[kernel.FamilyIPv4] != 1 {
+		t.Errorf("after a successful retry: %v, want IPv4 still 1", got)
+	}
+	if rules := natRules(t, mk, "KUBE-SERVICES"); len(rules) == 0 {
+		t.Error("the retry did not write KUBE-SERVICES")
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/vsplane/vsplane/dataplane/kernel"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -46,6 +47,9 @@ type Stats struct {
 	// Recovered: resources a retry applied after they failed (name ->
 	// version), until a Delta names them again (AgentStatus.recovered).
 	Recovered map[string]string
+	// RestoreFailures counts failed iptables-restore runs by family
+	// (kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
+	RestoreFailures map[kernel.Family]uint64
 }
 
 // failure is why a resource is not applied.
@@ -116,6 +120,12 @@ func (r *Reconciler) recordOutcomes(p *pass, evaluate []string) {
 	// Every phase flushes its writes; this only guards the outcome.
 	p.flushIPVS()
 	p.flushWrites()
+	for fam, n := range p.restoreFailures {
+		if r.stats.RestoreFailures == nil {
+			r.stats.RestoreFailures = map[kernel.Family]uint64{}
+		}
+		r.stats.RestoreFailures[fam] += uint64(n)
+	}
 	if len(p.errs) > 0 || len(p.unowned) > 0 {
 		// A failed or partial write leaves the kernel unknown: list again
 		// rather than trust what is known.
@@ -179,6 +189,7 @@ func (r *Reconciler) statsLocked() Stats {
 	s.DrainsCompleted, s.DrainsTimedOut = r.drains.completed, r.drains.timedOut
 	s.DrainOps = maps.Clone(r.stats.DrainOps)
 	s.Recovered = maps.Clone(r.status.recovered)
+	s.RestoreFailures = maps.Clone(r.stats.RestoreFailures)
 	return s
 }
 

@@ -431,12 +431,18 @@ func (e *semEnv) healthCheck(t *testing.T, s *services) {
 				LastUpdated  string `json:"lastUpdated"`
 				CurrentTime  string `json:"currentTime"`
 				NodeEligible *bool  `json:"nodeEligible"`
+				Healthy      *bool  `json:"healthy"`
+				Status       map[string]struct {
+					Healthy bool `json:"healthy"`
+				} `json:"status"`
 			}
 			switch err = json.Unmarshal([]byte(r.Body), &b); {
 			case err != nil:
 			case r.Status != 200:
 				err = fmt.Errorf("status %d", r.Status)
-			case b.LastUpdated == "" || b.CurrentTime == "" || b.NodeEligible == nil || !*b.NodeEligible:
+			case b.LastUpdated == "" || b.CurrentTime == "" || b.NodeEligible == nil || !*b.NodeEligible ||
+				b.Healthy == nil || !*b.Healthy || len(b.Status) != 2 || !b.Status["IPv4"].Healthy || !b.Status["IPv6"].Healthy:
+				// kube-proxy v1.37's body; this dual-stack agent reports both families.
 				err = fmt.Errorf("body %q is not kube-proxy's healthy /healthz", r.Body)
 			}
 		}
