@@ -182,9 +182,10 @@ func testbedSpecs(root string, debs map[string]string, libs []string, logf func(
 	}
 	// agnhost's /bin/sh is dash: Debian's static busybox prefers its own
 	// applets in its shell, so `sh -c "nc ..."` (the specs' way) would run
-	// busybox's nc, not OpenBSD's; Alpine's busybox does not.
+	// busybox's nc, not OpenBSD's; Alpine's busybox does not. Its wget
+	// gives way to GNU wget (agnhostTools).
 	agnBB := newTree()
-	if err := busyboxTree(agnBB, debs["busybox-static"], tmp, "sh"); err != nil {
+	if err := busyboxTree(agnBB, debs["busybox-static"], tmp, "sh", "wget"); err != nil {
 		return nil, err
 	}
 	if err := agnBB.dir("tmp", 0o1777); err != nil {

@@ -18,8 +18,12 @@ import (
 // Dockerfile): dig and nslookup, curl, OpenBSD nc, ip and ss, bash, socat.
 // Left out: iperf (the IPerf2 specs) and util-linux-misc (ipcs, SELinux
 // specs), which the sig-network Services specs do not run.
-// dash is /bin/sh (see testbedSpecs).
-var agnhostTools = []string{"bash", "dash", "curl", "netcat-openbsd", "iproute2", "bind9-dnsutils", "socat"}
+// dash is /bin/sh (see testbedSpecs). GNU wget stands in for the busybox
+// applet: Debian's busybox before 1.36.1-5 is built without wget's -T
+// (CONFIG_FEATURE_WGET_TIMEOUT) and segfaults on it, and the specs'
+// `wget -q -O - -T 1` (verifyServeHostnameServiceUp, checkReachabilityFromPod)
+// needs it; Alpine's busybox, upstream's, has it.
+var agnhostTools = []string{"bash", "dash", "curl", "netcat-openbsd", "iproute2", "bind9-dnsutils", "socat", "wget"}
 
 // toolAlternatives are the links Debian's maintainer scripts would make
 // (update-alternatives runs at install, not in the package's files), and
