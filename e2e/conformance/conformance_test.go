@@ -63,7 +63,10 @@ func TestConformance(t *testing.T) {
 				ReportDir: reportDir,
 			}, log.Named(p))
 		}
-		run.Specs, run.Took = specs, time.Since(t0)
+		run.Specs = specs
+		if os.Getenv("CONFORMANCE_REPORT_ONLY") == "" {
+			run.Took = time.Since(t0)
+		}
 		if err != nil {
 			run.Error = err.Error()
 			t.Errorf("%s: %v", p, err)

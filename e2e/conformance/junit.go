@@ -15,9 +15,11 @@ type Outcome string
 
 const (
 	Passed  Outcome = "passed"
-	Failed  Outcome = "failed"  // failed, panicked, timed out, interrupted or aborted
+	Failed  Outcome = "failed"  // failed, panicked, timed out or aborted
 	Skipped Outcome = "skipped" // by Skips (or by the spec itself, e.g. a missing capability)
-	NotRun  Outcome = "not run" // absent from the run's report
+	// NotRun: absent from the run's report, interrupted, or never reached
+	// because the run was stopped (a partial run).
+	NotRun Outcome = "not run"
 )
 
 // SpecResult is one spec's outcome in one run.
@@ -89,6 +91,16 @@ func ParseJUnit(path string, focus *regexp.Regexp) (specs []SpecResult, suiteFai
 			r := SpecResult{Spec: spec, Outcome: outcomeOf(c), Time: time.Duration(c.Time * float64(time.Second))}
 			if r.Outcome != Passed {
 				r.Message = messageOf(c)
+			}
+			switch {
+			case c.Status == "interrupted":
+				r.Outcome, r.Message = NotRun, "interrupted: the run was stopped while it ran"
+			case r.Outcome == Skipped && (r.Message == "" || r.Message == "skipped") && SkipReason(spec) == "":
+				// Ginkgo's bare "skipped" is a spec it never started: in
+				// a complete run every focused spec outside Skips starts
+				// (one that skips itself says why), so this run was
+				// stopped before it.
+				r.Outcome, r.Message = NotRun, "not reached: the run was stopped before it"
 			}
 			specs = append(specs, r)
 		}

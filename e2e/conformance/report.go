@@ -72,7 +72,12 @@ func NewReport(date, focus string, runs []ProxyRun) Report {
 				} else {
 					row.Why[p] = "skipped by the spec: " + o.Message
 				}
-			case Failed, NotRun:
+			case NotRun:
+				row.Why[p] = "not run"
+				if o.Message != "" {
+					row.Why[p] += ": " + o.Message
+				}
+			case Failed:
 				if e, ok := Explanations[p][row.Spec]; ok {
 					row.Why[p] = e.String()
 				} else {
@@ -81,7 +86,7 @@ func NewReport(date, focus string, runs []ProxyRun) Report {
 				}
 			}
 		}
-		if kp, vs := row.Outcomes["kube-proxy"], row.Outcomes["vsplane"]; kp.Outcome == Passed && vs.Outcome != Passed && vs.Outcome != "" {
+		if kp, vs := row.Outcomes["kube-proxy"], row.Outcomes["vsplane"]; kp.Outcome == Passed && vs.Outcome == Failed {
 			r.Regressions = append(r.Regressions, row.Spec)
 		}
 		r.Rows = append(r.Rows, *row)
@@ -114,7 +119,11 @@ func (r Report) Markdown() string {
 	b.WriteString("| proxy | passed | failed | skipped | not run | run time (cluster start and specs) |\n|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		c := counts[run.Proxy]
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", run.Proxy, c[Passed], c[Failed], c[Skipped], c[NotRun], run.Took.Round(time.Second))
+		took := "–" // not measured (a re-rendered report)
+		if run.Took > 0 {
+			took = run.Took.Round(time.Second).String()
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", run.Proxy, c[Passed], c[Failed], c[Skipped], c[NotRun], took)
 	}
 	for _, run := range r.Runs {
 		if run.Error != "" {
