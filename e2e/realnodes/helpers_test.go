@@ -74,6 +74,12 @@ func serveHostname(t *testing.T, ctx context.Context, ns, name string, replicas 
 // with one port 9376 per protocol given.
 func service(t *testing.T, ctx context.Context, ns, name string, typ corev1.ServiceType, protos ...corev1.Protocol) *corev1.Service {
 	t.Helper()
+	return createService(t, ctx, serviceObject(ns, name, typ, protos...))
+}
+
+// serviceObject is the Service service creates, for a caller to change
+// before createService.
+func serviceObject(ns, name string, typ corev1.ServiceType, protos ...corev1.Protocol) *corev1.Service {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec:       corev1.ServiceSpec{Type: typ, Selector: map[string]string{"app": name}},
@@ -82,7 +88,12 @@ func service(t *testing.T, ctx context.Context, ns, name string, typ corev1.Serv
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: strings.ToLower(string(p)), Protocol: p,
 			Port: servePort, TargetPort: intstr.FromInt32(servePort)})
 	}
-	svc, err := rc.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	return svc
+}
+
+func createService(t *testing.T, ctx context.Context, svc *corev1.Service) *corev1.Service {
+	t.Helper()
+	svc, err := rc.Kube.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +161,7 @@ func podsOf(t *testing.T, ctx context.Context, ns, app string) map[string]string
 	return out
 }
 
-func keys(m map[string]string) []string {
+func keys[V any](m map[string]V) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)

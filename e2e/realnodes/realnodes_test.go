@@ -54,6 +54,7 @@ func TestRealNodes(t *testing.T) {
 		{"VsplaneRunsFromItsManifests", testVsplaneFromManifests},
 		{"PodReachesServiceByName", testServiceByName},
 		{"NodePortFromOutside", testNodePortFromOutside},
+		{"SessionAffinityClientIP", testSessionAffinity},
 		{"UDPAcrossEndpointChange", testUDPAcrossEndpointChange},
 		{"ControlPlanePodDeletedAndAgentsRolledUnderLoad", testFailoverUnderLoad},
 		{"RuntimeDownNodeNotReady", testRuntimeDown},

@@ -175,6 +175,48 @@ func testServiceByName(t *testing.T) {
 	}
 }
 
+// testSessionAffinity: with sessionAffinity ClientIP, every connection of
+// one client goes to one backend (IPVS persistence): a Pod's by the
+// Service's name, and an outside client's through each node's NodePort.
+// The Service has two backends, one per node, so a spread would show.
+func testSessionAffinity(t *testing.T) {
+	ctx := stepContext(t, 8*time.Minute)
+	ns := namespace(t, "affinity")
+	serveHostname(t, ctx, ns, "web", 2)
+	obj := serviceObject(ns, "web", corev1.ServiceTypeNodePort, corev1.ProtocolTCP)
+	obj.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	svc := createService(t, ctx, obj)
+	backends := podsOf(t, ctx, ns, "web")
+	readyEndpoints(t, ctx, ns, "web", keys(backends)...)
+	awaitProgrammed(t, ctx, ns, "web")
+	clientPod(t, ctx, ns, "client", rc.Nodes[0].Name)
+	out, err := execIn(ctx, ns, "client", fmt.Sprintf(`for i in $(seq 12); do nc -w 3 web %d; echo; done`, servePort))
+	if err != nil {
+		t.Fatalf("from the Pod: %v\n%s", err, out)
+	}
+	seen := map[string]int{}
+	for _, l := range strings.Fields(out) {
+		seen[l]++
+	}
+	if len(seen) != 1 || seen[keys(seen)[0]] != 12 {
+		t.Errorf("from the Pod by name: answers %v, want all 12 from one backend", seen)
+	}
+	port := nodePort(t, svc, corev1.ProtocolTCP)
+	for _, n := range rc.Nodes {
+		out, err := rc.Client.RunOK(ctx, fmt.Sprintf("e2ehelper request --proto tcp --addr %s:%d --count 10 --timeout 3s", n.IP(), port))
+		if err != nil {
+			t.Fatalf("via %s: %v", n.Name, err)
+		}
+		sum, err := vm.ParseSummary(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.OK != 10 || len(sum.Backends) != 1 {
+			t.Errorf("from outside via %s's NodePort: %d of 10 ok, answers %v, want all from one backend", n.Name, sum.OK, sum.Backends)
+		}
+	}
+}
+
 // testNodePortFromOutside: a client outside the cluster (on the node
 // network) reaches a NodePort Service through each node's address and gets
 // both backends.
