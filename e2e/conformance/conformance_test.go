@@ -101,7 +101,7 @@ func runOn(t *testing.T, proxy cluster.RealProxy, o RunOptions, log *zap.Logger)
 			t.Logf("stopping the %s cluster: %v", proxy, err)
 		}
 	}()
-	o.Kubeconfig = rc.Env.Kubeconfig
+	o.Kubeconfig, o.Nodes = rc.Env.Kubeconfig, len(rc.Nodes)
 	return Run(ctx, o)
 }
 

@@ -1,7 +1,9 @@
 package conformance
 
 import (
+	"context"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,5 +131,16 @@ func TestReport(t *testing.T) {
 	}
 	if !strings.Contains(r.Markdown(), "vsplane: vsplane bug: fixed in abc") {
 		t.Errorf("explanation not in the table:\n%s", r.Markdown())
+	}
+}
+
+// The node count reaches e2e.test: unset, specs needing two nodes skip
+// themselves ("Requires at least 2 nodes (not -1)").
+func TestE2EArgsNodeCount(t *testing.T) {
+	if args := e2eArgs(RunOptions{Nodes: 2}); !slices.Contains(args, "--num-nodes=2") {
+		t.Errorf("e2e.test args %v lack --num-nodes=2", args)
+	}
+	if _, err := Run(context.Background(), RunOptions{BinDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "node count") {
+		t.Errorf("Run without a node count: %v, want an error naming it", err)
 	}
 }

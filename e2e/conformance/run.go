@@ -27,6 +27,11 @@ type RunOptions struct {
 	BinDir string
 	// Kubeconfig is the cluster's admin kubeconfig.
 	Kubeconfig string
+	// Nodes is the cluster's node count (--num-nodes). Specs that need
+	// several nodes check it, not the API: unset (-1, e2e.test's default)
+	// they skip themselves ("Requires at least 2 nodes (not -1)"), as the
+	// first runs here did.
+	Nodes int
 	// Focus and Skip are --ginkgo.focus and --ginkgo.skip.
 	Focus, Skip string
 	// ReportDir gets junit_01.xml and e2e.log (the run's output).
@@ -44,6 +49,9 @@ type RunOptions struct {
 func Run(ctx context.Context, o RunOptions) ([]SpecResult, error) {
 	if o.Timeout == 0 {
 		o.Timeout = time.Hour
+	}
+	if o.Nodes < 1 {
+		return nil, fmt.Errorf("conformance: the node count must be set (got %d)", o.Nodes)
 	}
 	e2eTest := filepath.Join(o.BinDir, E2ETestBinary)
 	if _, err := os.Stat(e2eTest); err != nil {
@@ -99,9 +107,10 @@ func Run(ctx context.Context, o RunOptions) ([]SpecResult, error) {
 // e2eArgs are e2e.test's own flags: the cluster and its kubectl (the specs
 // exec into Pods with it), the "local" provider (hack/local-up-cluster.sh's),
 // the report directory, and no waiting for system Pods beyond what the
-// test bed already waited for.
+// test bed already waited for, and the node count.
 func e2eArgs(o RunOptions) []string {
 	return []string{
+		fmt.Sprintf("--num-nodes=%d", o.Nodes),
 		"--kubeconfig=" + o.Kubeconfig,
 		"--kubectl-path=" + filepath.Join(o.BinDir, "kubectl"),
 		"--provider=local",
