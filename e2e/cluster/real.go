@@ -70,8 +70,9 @@ type RealOptions struct {
 	// minutes: a cold Go build cache on a loaded 2-core machine).
 	BuildTimeout time.Duration
 	// StartTimeout bounds the start once the images are built: the
-	// apiserver, the VM, image import, kubelets, vsplane and DNS (default 15
-	// minutes: TCG).
+	// apiserver, the VM, image import, kubelets, vsplane and DNS (default 25
+	// minutes: about 3 under TCG on a quiet machine, 12 to vsplane serving
+	// beside two CPU burners and another VM).
 	StartTimeout time.Duration
 	Log          *zap.Logger
 }
@@ -136,7 +137,7 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 		opts.BuildTimeout = 30 * time.Minute
 	}
 	if opts.StartTimeout == 0 {
-		opts.StartTimeout = 15 * time.Minute
+		opts.StartTimeout = 25 * time.Minute
 	}
 	log := opts.Log
 	if log == nil {
@@ -539,7 +540,7 @@ func (c *RealCluster) DeployDNS(ctx context.Context) error {
 	if _, err := c.Kubectl(ctx, nodes.CoreDNSManifest, "apply", "--server-side", "-f", "-"); err != nil {
 		return err
 	}
-	if _, err := c.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=5m"); err != nil {
+	if _, err := c.Kubectl(ctx, nil, "-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=10m"); err != nil {
 		return fmt.Errorf("%w\n%s", err, c.PodsSummary(ctx))
 	}
 	return nil
