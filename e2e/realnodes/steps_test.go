@@ -90,19 +90,39 @@ func testVsplaneFromManifests(t *testing.T) {
 	if !projected {
 		t.Error("the agent DaemonSet mounts no projected token of audience vsplane")
 	}
-	agents := listAgents(t, ctx, rc.Nodes[0].IP())
-	var names []string
-	for _, a := range agents {
+	// Every agent connected and in sync: nothing pending (a change may be
+	// in flight when the check starts, CoreDNS's endpoints for one, so it
+	// is awaited, within two minutes) and no NACK.
+	var problems []string
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		problems = agentProblems(t, ctx)
+		if len(problems) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// agentProblems lists what keeps the fleet from being in sync: a node
+// without a connected agent, an agent with pending resources or NACKs.
+func agentProblems(t *testing.T, ctx context.Context) []string {
+	t.Helper()
+	var problems, names []string
+	for _, a := range listAgents(t, ctx, rc.Nodes[0].IP()) {
 		names = append(names, a.GetNodeName())
 		if a.GetPendingResources() != 0 || a.GetNacks() != 0 {
-			t.Errorf("agent of %s: %d pending, %d NACKs (%s)", a.GetNodeName(), a.GetPendingResources(), a.GetNacks(), a.GetLastNackError())
+			problems = append(problems, fmt.Sprintf("agent of %s: %d pending, %d NACKs (%s)",
+				a.GetNodeName(), a.GetPendingResources(), a.GetNacks(), a.GetLastNackError()))
 		}
 	}
 	for _, n := range rc.Nodes {
 		if !slices.Contains(names, n.Name) {
-			t.Errorf("no agent of %s connected (ListAgents: %v)", n.Name, names)
+			problems = append(problems, fmt.Sprintf("no agent of %s connected (ListAgents: %v)", n.Name, names))
 		}
 	}
+	return problems
 }
 
 // listAgents is rc.ListAgents through the replica on the node at ip.
