@@ -115,8 +115,14 @@ func (s *Server) ExplainService(ctx context.Context, req *vsplanev1.ExplainServi
 		return resp, nil
 	}
 	nack := s.feed.nackError(node, rname, res.GetVersion())
-	// Without a Feed (or for a NACK naming no resource), the stream's summary
-	// of the last NACK still names the resource when it failed.
+	// The stream records each NACKed resource with the Ack itself
+	// ("version: message"); the Feed hears of it a moment later. Reading
+	// both gives the same message whichever is first.
+	if msg, ok := strings.CutPrefix(info.GetNacked()[rname], res.GetVersion()+": "); nack == "" && ok {
+		nack = msg
+	}
+	// Without either (a NACK naming no resource), the stream's summary of
+	// the last NACK still names the resource when it failed.
 	if nack == "" && strings.Contains(info.GetLastNackError(), rname+"@"+res.GetVersion()) {
 		nack = info.GetLastNackError()
 	}
