@@ -119,7 +119,7 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"clusterCIDRs", func(c *config.VsplaneConfiguration) { c.ClusterCIDRs = []string{"pods"} }, `clusterCIDRs[0] "pods": not a CIDR`},
 		{"nodePortAddresses", func(c *config.VsplaneConfiguration) { c.NodePortAddresses = []string{"198.19.0.1"} }, `nodePortAddresses[0] "198.19.0.1": not a CIDR or one of the keywords primary, localhost, all`},
 		{"nodePortAddresses keyword twice", func(c *config.VsplaneConfiguration) {
-			c.NodePortAddresses = []string{"primary", "10.0.0.0/8", "primary"}
+			c.NodePortAddresses = []string{"primary", "198.18.240.0/24", "primary"}
 		}, `nodePortAddresses[2] "primary": duplicate keyword`},
 		{"masqueradeBit", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 32 }, `masqueradeBit 32: must be 1..31`},
 		{"masqueradeBit 0", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 0 }, `masqueradeBit 0: must be 1..31`},

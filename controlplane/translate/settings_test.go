@@ -51,24 +51,24 @@ func TestServiceReadsOnlyNodePortAddresses(t *testing.T) {
 // family to the node's NodePort CIDRs, and an external IP is a NodePort
 // address when it is in a CIDR of its family, or its family has none.
 func TestNodePortPrimary(t *testing.T) {
-	cfg := Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, NodePortPrimary: true}
+	cfg := Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.240.0/24")}, NodePortPrimary: true}
 	node := &model.Node{Name: "n1", Addresses: []netip.Addr{
-		netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.19.0.99"), netip.MustParseAddr("2001:db8::11")}}
+		netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.19.0.99"), netip.MustParseAddr("2001:2:0:100::11")}}
 	got := NodeSettings(node, cfg).GetNodePortAddresses()
-	if want := []string{"10.0.0.0/8", "198.19.0.11/32", "2001:db8::11/128"}; !slices.Equal(got, want) {
+	if want := []string{"198.18.240.0/24", "198.19.0.11/32", "2001:2:0:100::11/128"}; !slices.Equal(got, want) {
 		t.Errorf("node settings: %v, want %v", got, want)
 	}
-	if got := NodeSettings(&model.Node{Name: "bare"}, cfg).GetNodePortAddresses(); !slices.Equal(got, []string{"10.0.0.0/8"}) {
+	if got := NodeSettings(&model.Node{Name: "bare"}, cfg).GetNodePortAddresses(); !slices.Equal(got, []string{"198.18.240.0/24"}) {
 		t.Errorf("node without addresses: %v, want only the configured CIDR", got)
 	}
 	tr := &translation{node: node, cfg: cfg}
-	for addr, want := range map[string]bool{"198.19.0.11": true, "198.19.0.99": false, "2001:db8::11": true} {
+	for addr, want := range map[string]bool{"198.19.0.11": true, "198.19.0.99": false, "2001:2:0:100::11": true} {
 		if got := tr.isNodePortAddress(netip.MustParseAddr(addr)); got != want {
 			t.Errorf("isNodePortAddress(%s) = %v, want %v", addr, got, want)
 		}
 	}
 	v4only := &translation{node: node, cfg: Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.19.0.99/32")}}}
-	for addr, want := range map[string]bool{"198.19.0.11": false, "198.19.0.99": true, "2001:db8::11": true} {
+	for addr, want := range map[string]bool{"198.19.0.11": false, "198.19.0.99": true, "2001:2:0:100::11": true} {
 		if got := v4only.isNodePortAddress(netip.MustParseAddr(addr)); got != want {
 			t.Errorf("IPv4 CIDR only: isNodePortAddress(%s) = %v, want %v (no CIDR of a family: all of it)", addr, got, want)
 		}

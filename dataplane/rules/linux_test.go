@@ -87,8 +87,8 @@ var (
 )
 
 var moreClusterCIDRs = map[kernel.Family][]netip.Prefix{
-	kernel.FamilyIPv4: {netip.MustParsePrefix("10.1.0.0/24"), netip.MustParsePrefix("10.2.0.0/24")},
-	kernel.FamilyIPv6: {netip.MustParsePrefix("fd00:1::/64"), netip.MustParsePrefix("fd00:2::/64")},
+	kernel.FamilyIPv4: {netip.MustParsePrefix("198.18.241.0/24"), netip.MustParsePrefix("198.18.242.0/24")},
+	kernel.FamilyIPv6: {netip.MustParsePrefix("2001:2:0:f1::/64"), netip.MustParsePrefix("2001:2:0:f2::/64")},
 }
 
 // realInputs are the inputs applied in sequence on a real kernel: every set

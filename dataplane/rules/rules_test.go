@@ -98,7 +98,7 @@ func TestRenderRules(t *testing.T) {
 	noFully := base
 	noFully.RandomFully = false
 	threeCIDRs := withCIP
-	threeCIDRs.ClusterCIDRs = []netip.Prefix{cluster4, netip.MustParsePrefix("10.1.0.0/24"), netip.MustParsePrefix("10.2.0.0/24")}
+	threeCIDRs.ClusterCIDRs = []netip.Prefix{cluster4, netip.MustParsePrefix("198.18.241.0/24"), netip.MustParsePrefix("198.18.242.0/24")}
 	tests := []struct {
 		name  string
 		in    Input
@@ -116,8 +116,8 @@ func TestRenderRules(t *testing.T) {
 		{"several cluster cidrs: pods accepted, the rest marked", threeCIDRs, ChainServices, []string{
 			`-s 127.0.0.0/8 -j RETURN`,
 			`-s 198.19.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
-			`-s 10.1.0.0/24 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
-			`-s 10.2.0.0/24 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
+			`-s 198.18.241.0/24 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
+			`-s 198.18.242.0/24 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
 			`-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`,
 			`-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT`,
 			`-m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT`,
