@@ -14,6 +14,7 @@ import (
 	"github.com/vsplane/vsplane/e2e/cluster"
 	"github.com/vsplane/vsplane/e2e/nodes"
 	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/vm/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -223,18 +224,26 @@ func testSessionAffinity(t *testing.T) {
 	}
 	port := nodePort(t, svc, corev1.ProtocolTCP)
 	for _, n := range rc.Nodes {
-		out, err := rc.Client.RunOK(ctx, fmt.Sprintf("e2ehelper request --proto tcp --addr %s:%d --count 10 --timeout 3s", n.IP(), port))
-		if err != nil {
-			t.Fatalf("via %s: %v", n.Name, err)
-		}
-		sum, err := vm.ParseSummary(out)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sum := requestsFromOutside(t, ctx, n.IP(), port, 10)
 		if sum.OK != 10 || len(sum.Backends) != 1 {
 			t.Errorf("from outside via %s's NodePort: %d of 10 ok, answers %v, want all from one backend", n.Name, sum.OK, sum.Backends)
 		}
 	}
+}
+
+// requestsFromOutside sends count TCP requests from the client outside the
+// cluster to ip:port and returns what answered.
+func requestsFromOutside(t *testing.T, ctx context.Context, ip string, port int32, count int) wire.Summary {
+	t.Helper()
+	out, err := rc.Client.RunOK(ctx, fmt.Sprintf("e2ehelper request --proto tcp --addr %s:%d --count %d --timeout 3s", ip, port, count))
+	if err != nil {
+		t.Fatalf("via %s: %v", ip, err)
+	}
+	sum, err := vm.ParseSummary(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
 }
 
 // testNodePortFromOutside: a client outside the cluster (on the node
@@ -251,14 +260,7 @@ func testNodePortFromOutside(t *testing.T) {
 	port := nodePort(t, svc, corev1.ProtocolTCP)
 	seen := map[string]int{}
 	for _, n := range rc.Nodes {
-		out, err := rc.Client.RunOK(ctx, fmt.Sprintf("e2ehelper request --proto tcp --addr %s:%d --count 10 --timeout 3s", n.IP(), port))
-		if err != nil {
-			t.Fatalf("via %s: %v", n.Name, err)
-		}
-		sum, err := vm.ParseSummary(out)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sum := requestsFromOutside(t, ctx, n.IP(), port, 10)
 		if sum.OK != 10 || sum.Fail != 0 {
 			t.Errorf("via %s: %d ok, %d failed", n.Name, sum.OK, sum.Fail)
 		}
