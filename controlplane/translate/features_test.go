@@ -54,6 +54,12 @@ func vsOf(kind pb.VirtualServerKind, addr string, port uint32, pol pb.TrafficPol
 
 func with(vs *pb.VirtualServer, f func(*pb.VirtualServer)) *pb.VirtualServer { f(vs); return vs }
 
+// inCluster sets the real servers of in-cluster clients (Local policy).
+func inCluster(vs *pb.VirtualServer, rss ...*pb.RealServer) *pb.VirtualServer {
+	vs.InClusterRealServers = rss
+	return vs
+}
+
 func rsr(addr string, isLocal bool, reason string) *pb.RealServer {
 	r := rs(addr, 8080, isLocal)
 	r.Reason = reason
@@ -211,12 +217,12 @@ func featureCases() []featureCase {
 	}, {
 		name: "externalIP, ETP Local: KUBE-EXTERNAL-IP-LOCAL only, local endpoints; ClusterIP keeps all",
 		in:   Input{Service: extLocal, Slices: []*model.EndpointSlice{twoNodes}}, node: fn1,
-		want: st(1, []*pb.VirtualServer{cip(both...), vsOf(kEXT, "198.18.100.1", 80, local, rs("198.19.1.5", 8080, true))},
+		want: st(1, []*pb.VirtualServer{cip(both...), inCluster(vsOf(kEXT, "198.18.100.1", 80, local, rs("198.19.1.5", 8080, true)), both...)},
 			loopN1, cipE, ent(pb.IPSet_IP_SET_EXTERNAL_IP_LOCAL, v4, "198.18.100.1", 80)),
 	}, {
 		name: "externalIP, ETP Local, no local endpoint: reject with no real servers",
 		in:   Input{Service: extLocal, Slices: []*model.EndpointSlice{twoNodes}}, node: fn3,
-		want: st(0, []*pb.VirtualServer{cip(bothRemote...), vsOf(kEXT, "198.18.100.1", 80, local)},
+		want: st(0, []*pb.VirtualServer{cip(bothRemote...), inCluster(vsOf(kEXT, "198.18.100.1", 80, local), bothRemote...)},
 			cipE, ent(pb.IPSet_IP_SET_EXTERNAL_IP_LOCAL, v4, "198.18.100.1", 80)),
 	}, {
 		name: "LB source ranges containing the node: FW, SOURCE-CIDR per range of the family, SOURCE-IP",
@@ -265,8 +271,8 @@ func featureCases() []featureCase {
 		want: &pb.ServiceState{Namespace: "default", Name: "web", LocalEndpoints: 1, HealthCheckNodePort: 32001,
 			VirtualServers: []*pb.VirtualServer{
 				asUDP(vsOf(kCIP, "198.18.0.10", 80, cluster, both...)),
-				asUDP(vsOf(kLB, "198.18.200.2", 80, local, rs("198.19.1.5", 8080, true))),
-				asUDP(vsOf(kNP, "", 30082, local, rs("198.19.1.5", 8080, true)))},
+				asUDP(inCluster(vsOf(kLB, "198.18.200.2", 80, local, rs("198.19.1.5", 8080, true)), both...)),
+				asUDP(inCluster(vsOf(kNP, "", 30082, local, rs("198.19.1.5", 8080, true)), both...))},
 			IpsetEntries: []*pb.IPSetEntry{
 				loopEntry(v4, "198.19.1.5", 8080, udp), cipEntry(v4, "198.18.0.10", 80, udp),
 				{Set: pb.IPSet_IP_SET_LOAD_BALANCER, Family: v4, Ip: "198.18.200.2", Port: 80, Protocol: udp},
@@ -279,9 +285,9 @@ func featureCases() []featureCase {
 		want: &pb.ServiceState{Namespace: "default", Name: "web", HealthCheckNodePort: 32003,
 			VirtualServers: []*pb.VirtualServer{
 				sticky(cip(bothRemote...)),
-				sticky(vsOf(kEXT, "198.18.100.3", 80, local)),
-				sticky(vsOf(kLB, "198.18.200.3", 80, local)),
-				sticky(vsOf(kNP, "", 30083, local))},
+				sticky(inCluster(vsOf(kEXT, "198.18.100.3", 80, local), bothRemote...)),
+				sticky(inCluster(vsOf(kLB, "198.18.200.3", 80, local), bothRemote...)),
+				sticky(inCluster(vsOf(kNP, "", 30083, local), bothRemote...))},
 			IpsetEntries: []*pb.IPSetEntry{cipE,
 				ent(pb.IPSet_IP_SET_EXTERNAL_IP_LOCAL, v4, "198.18.100.3", 80),
 				ent(pb.IPSet_IP_SET_LOAD_BALANCER, v4, "198.18.200.3", 80),
@@ -297,7 +303,7 @@ func featureCases() []featureCase {
 		name: "terminating fallback under ETP Local: local terminating endpoint, ClusterIP keeps remote ready one",
 		in:   Input{Service: npLocal, Slices: []*model.EndpointSlice{slice("web-t", model.IPv4, termN1, readyN2)}}, node: fn1,
 		want: st(0, []*pb.VirtualServer{cip(rs("198.19.2.5", 8080, false)),
-			vsOf(kNP, "", 30084, local, rsr("198.19.1.7", true, ReasonTerminatingFallback))},
+			inCluster(vsOf(kNP, "", 30084, local, rsr("198.19.1.7", true, ReasonTerminatingFallback)), rs("198.19.2.5", 8080, false))},
 			loopEntry(v4, "198.19.1.7", 8080, tcp), cipE,
 			bitmap(pb.IPSet_IP_SET_NODE_PORT_TCP, v4, 30084), bitmap(pb.IPSet_IP_SET_NODE_PORT_LOCAL_TCP, v4, 30084)),
 	}, {
@@ -328,7 +334,7 @@ func featureCases() []featureCase {
 		name: "zone hints do not narrow a Local policy",
 		in:   Input{Service: npLocal, Slices: []*model.EndpointSlice{slice("web-z", model.IPv4, hinted(readyN1, []string{"zone-b"}), hinted(readyN2, []string{"zone-a"}))}},
 		node: fn1,
-		want: st(1, []*pb.VirtualServer{cip(rsr("198.19.2.5", false, ReasonZoneHint)), vsOf(kNP, "", 30084, local, rs("198.19.1.5", 8080, true))},
+		want: st(1, []*pb.VirtualServer{cip(rsr("198.19.2.5", false, ReasonZoneHint)), inCluster(vsOf(kNP, "", 30084, local, rs("198.19.1.5", 8080, true)), rsr("198.19.2.5", false, ReasonZoneHint))},
 			loopN1, cipE, bitmap(pb.IPSet_IP_SET_NODE_PORT_TCP, v4, 30084), bitmap(pb.IPSet_IP_SET_NODE_PORT_LOCAL_TCP, v4, 30084)),
 	}, {
 		name: "PreferSameNode: node hints for this node",

@@ -168,6 +168,11 @@ func (t *translation) port(fam model.Family, clusterIP netip.Addr, sp model.Serv
 	p.loopBack(eps)
 	p.clusterIP(clusterIP, sel)
 	p.rs, p.reject = realServers(sel, t.svc.ExternalTrafficPolicy)
+	if p.extLocal {
+		// The policy is for external clients: in-cluster ones get the
+		// Cluster selection (the agent tells them apart).
+		p.inCluster, _ = realServers(sel, model.PolicyCluster)
+	}
 	p.externalIPs()
 	p.loadBalancerIPs()
 	p.nodePort()
@@ -187,6 +192,9 @@ type portTranslation struct {
 	// IPs, load balancers, NodePorts), selected by the external policy.
 	rs     []*vsplanev1.RealServer
 	reject bool
+	// inCluster are the real servers of in-cluster clients of the
+	// external kinds under the Local policy (nil under Cluster).
+	inCluster []*vsplanev1.RealServer
 }
 
 func (p *portTranslation) entry(set vsplanev1.IPSet, ip netip.Addr) *vsplanev1.IPSetEntry {
@@ -240,6 +248,7 @@ func (p *portTranslation) external(kind vsplanev1.VirtualServerKind, ip netip.Ad
 	vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_UNLESS_LOCAL
 	vs.TrafficPolicy = policy(svc.ExternalTrafficPolicy)
 	vs.RealServers, vs.Reject = cloneRealServers(p.rs), p.reject
+	vs.InClusterRealServers = cloneRealServers(p.inCluster)
 	if !p.t.add(vs, fmt.Sprintf("port %s %s %s", p.name, what, ip)) {
 		return nil
 	}
@@ -312,6 +321,7 @@ func (p *portTranslation) nodePort() {
 	vs.Binding = vsplanev1.AddressBinding_ADDRESS_BINDING_NONE
 	vs.TrafficPolicy = policy(p.t.svc.ExternalTrafficPolicy)
 	vs.RealServers, vs.Reject = cloneRealServers(p.rs), p.reject
+	vs.InClusterRealServers = cloneRealServers(p.inCluster)
 	if !p.t.add(vs, fmt.Sprintf("port %s nodePort %d", p.name, sp.NodePort)) {
 		return
 	}

@@ -123,7 +123,7 @@ func (r *Reconciler) storeDelta(delta *vsplanev1.Delta, defaultScheduler string)
 			c.refused = append(c.refused, &vsplanev1.ResourceError{Name: name, Version: res.GetVersion(), Message: err.Error()})
 			continue
 		}
-		rs := comp.compile(res).expand(r.nodePort)
+		rs := comp.compile(res).expand(r.nodePort, r.marks)
 		applied := r.status.applied[name]
 		old := r.desired.put(name, rs)
 		c.touched.addChange(name, old, rs, old != nil && applied != "" && r.status.wasApplied(name, old.version))
@@ -139,6 +139,7 @@ func (r *Reconciler) storeDelta(delta *vsplanev1.Delta, defaultScheduler string)
 	}
 	for _, name := range c.removed {
 		old := r.desired.put(name, nil)
+		r.marks.keep(name, nil)
 		r.status.remove(name)
 		if old != nil {
 			c.touched.add(name, old)

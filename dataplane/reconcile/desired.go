@@ -44,6 +44,12 @@ type desiredVS struct {
 	// reject: a Local traffic policy without local endpoints; programmed
 	// with no destinations so IPVS itself refuses the traffic.
 	reject bool
+	// inCluster are the real servers of in-cluster clients of an external
+	// server under the Local policy (sorted, unique; incluster.go), and
+	// inClusterMark the mark of the fwmark server that serves them (0:
+	// none, or not assigned yet).
+	inCluster     []desiredDest
+	inClusterMark uint32
 }
 
 // desiredDest is a wanted real server: the kernel.Destination written for
@@ -252,6 +258,9 @@ func (c *compiler) compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings
 	case bit != 0:
 		s.masqueradeBit = uint8(bit)
 	}
+	if masqFor(s.masqueradeBit) == 0 {
+		rs.problem("%v", bad("masquerade_bit", s.masqueradeBit, "lies in the in-cluster mark field %#x: in-cluster clients of Local external policy get the Local policy", rules.InClusterMarkMask))
+	}
 	s.clusterCIDRs = parsePrefixes(rs, "cluster_cidrs", ns.GetClusterCidrs())
 	s.excludeCIDRs = parsePrefixes(rs, "exclude_cidrs", ns.GetExcludeCidrs())
 	s.nodePortCIDRs = parsePrefixes(rs, "node_port_addresses", ns.GetNodePortAddresses())
@@ -367,7 +376,9 @@ func (c *compiler) compileService(rs *resourceState, svc *vsplanev1.ServiceState
 			}
 		}
 	}
-	if len(tm.vss) > 0 || len(tm.entries) > 0 {
+	inCluster := slices.ContainsFunc(rs.vss, func(d desiredVS) bool { return len(d.inCluster) > 0 }) ||
+		slices.ContainsFunc(tm.vss, func(d desiredVS) bool { return len(d.inCluster) > 0 })
+	if len(tm.vss) > 0 || len(tm.entries) > 0 || inCluster {
 		tm.base = &resourceState{name: rs.name, version: rs.version, vss: rs.vss, entries: rs.entries,
 			problems: rs.problems, health: rs.health}
 		rs.tmpl = tm
@@ -472,23 +483,45 @@ func (c *compiler) compileVS(v *vsplanev1.VirtualServer) (desiredVS, *fieldError
 		// reject means "no usable endpoint": real servers contradict it.
 		return desiredVS{}, bad("real_servers", nil, "reject with %d real servers (must have none)", len(v.GetRealServers()))
 	}
-	seen := make(map[kernel.DestinationKey]bool, len(v.GetRealServers()))
-	if n := len(v.GetRealServers()); n > 0 {
-		d.dests = make([]desiredDest, 0, n) // exactly: 20k servers at 10k Services
+	var ferr *fieldError
+	if d.dests, ferr = compileRealServers(v.GetRealServers(), fam, "real_servers"); ferr != nil {
+		return desiredVS{}, ferr
 	}
-	for i, r := range v.GetRealServers() {
+	if in := v.GetInClusterRealServers(); len(in) > 0 {
+		switch v.GetKind() {
+		case vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_LOAD_BALANCER, vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP,
+			vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_NODE_PORT:
+		default:
+			return desiredVS{}, bad("in_cluster_real_servers", nil, "only for load-balancer, external IP and NodePort virtual servers (kind %v)", v.GetKind())
+		}
+		if d.inCluster, ferr = compileRealServers(in, fam, "in_cluster_real_servers"); ferr != nil {
+			return desiredVS{}, ferr
+		}
+	}
+	return d, nil
+}
+
+// compileRealServers compiles the list field of real servers of a virtual
+// server of family fam: sorted by key, unique (nil when empty).
+func compileRealServers(list []*vsplanev1.RealServer, fam kernel.Family, field string) ([]desiredDest, *fieldError) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	out := make([]desiredDest, 0, len(list)) // exactly: 20k servers at 10k Services
+	seen := make(map[kernel.DestinationKey]bool, len(list))
+	for i, r := range list {
 		dst, err := compileRealServer(r, fam)
 		if err != nil {
-			return desiredVS{}, err.under(fmt.Sprintf("real_servers[%d]", i))
+			return nil, err.under(fmt.Sprintf("%s[%d]", field, i))
 		}
 		if seen[dst.Key()] {
-			return desiredVS{}, bad(fmt.Sprintf("real_servers[%d]", i), nil, "duplicate real server %v", dst.Key())
+			return nil, bad(fmt.Sprintf("%s[%d]", field, i), nil, "duplicate real server %v", dst.Key())
 		}
 		seen[dst.Key()] = true
-		d.dests = append(d.dests, newDesiredDest(dst)) // weight checked: 0..maxWeight
+		out = append(out, newDesiredDest(dst)) // weight checked: 0..maxWeight
 	}
-	slices.SortFunc(d.dests, func(a, b desiredDest) int { return a.Key().Compare(b.Key()) })
-	return d, nil
+	slices.SortFunc(out, func(a, b desiredDest) int { return a.Key().Compare(b.Key()) })
+	return out, nil
 }
 
 // compileRealServer compiles one real server of a virtual server of

@@ -169,13 +169,17 @@ func FuzzCompile(f *testing.F) {
 		}
 		rs := testCompiler.compile(&res)
 		checkCompiled(t, testCompiler, rs)
-		ex := rs.expand(nodePortAddrs{kernel.FamilyIPv4: {netip.MustParseAddr("198.19.0.11")}, kernel.FamilyIPv6: {netip.MustParseAddr("2001:2:0:100::11")}})
+		marks := newInClusterMarks(rules.DefaultMasqueradeBit)
+		ex := rs.expand(nodePortAddrs{kernel.FamilyIPv4: {netip.MustParseAddr("198.19.0.11")}, kernel.FamilyIPv6: {netip.MustParseAddr("2001:2:0:100::11")}}, marks)
 		for i, d := range ex.vss {
 			key := d.vs.Key
 			if i > 0 && ex.vss[i-1].vs.Key.Compare(key) >= 0 {
 				t.Fatalf("expanded virtual servers not sorted and unique: %v before %v", ex.vss[i-1].vs.Key, key)
 			}
-			if kernel.CheckAddr(key.Address) != nil || key.Validate() != nil {
+			switch {
+			case key.FWMark != 0 && (!marks.isOurs(key.FWMark) || key.Validate() != nil):
+				t.Fatalf("in-cluster fwmark key %v", key)
+			case key.FWMark == 0 && (kernel.CheckAddr(key.Address) != nil || key.Validate() != nil):
 				t.Fatalf("expanded key %v", key)
 			}
 		}
@@ -301,7 +305,7 @@ func checkKernel(t *testing.T, mk *memory.Kernel) {
 			for _, d := range dumps {
 				for _, c := range d.Chains {
 					builtin := kernel.IsBuiltinChain(d.Table, c.Name)
-					if !builtin && !strings.HasPrefix(c.Name, "KUBE-") {
+					if !builtin && !strings.HasPrefix(c.Name, "KUBE-") && c.Name != rules.ChainInCluster {
 						t.Fatalf("%v %s: chain %s", fam, d.Table, c.Name)
 					}
 					for _, rule := range c.Rules {

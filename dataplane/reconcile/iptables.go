@@ -61,6 +61,9 @@ func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
 		}
 	}
 	in.LoadBalancerNoNodeAccess = rules.NoNodeAccess(fw, sourceIP)
+	if masqFor(s.masqueradeBit) != 0 {
+		in.InClusterMarks = p.desired.inClusterMarksOf(fam)
+	}
 	return in
 }
 
@@ -158,6 +161,7 @@ func (m renderMemo) render(in rules.Input) (rules.Ruleset, []byte, error) {
 	}
 	full := rs.Payload(rs.Jumps)
 	in.LoadBalancerNoNodeAccess = slices.Clone(in.LoadBalancerNoNodeAccess)
+	in.InClusterMarks = slices.Clone(in.InClusterMarks)
 	m[in.Family] = renderedRules{in: in, rs: rs, full: full}
 	return rs, full, nil
 }
@@ -171,5 +175,5 @@ func sameRulesInput(a, b rules.Input) bool {
 	return a.Family == b.Family && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
 		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && a.RandomFully == b.RandomFully &&
 		a.ConntrackTCPLiberal == b.ConntrackTCPLiberal && a.NonEmpty == b.NonEmpty &&
-		slices.Equal(a.LoadBalancerNoNodeAccess, b.LoadBalancerNoNodeAccess)
+		slices.Equal(a.LoadBalancerNoNodeAccess, b.LoadBalancerNoNodeAccess) && slices.Equal(a.InClusterMarks, b.InClusterMarks)
 }

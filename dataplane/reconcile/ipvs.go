@@ -18,9 +18,10 @@ import (
 //   - Delete (syncVS, key nobody wants): deleted with its real servers,
 //     draining or not, unless its address is excluded; absent is fine.
 //   - Prune (full pass, virtualServersToCompare): besides the wanted keys,
-//     those this process programmed and those on addresses bound to
-//     kube-ipvs0 (not excluded), so Services deleted while the agent was
-//     down go too. Others are left alone.
+//     those this process programmed, those on addresses bound to
+//     kube-ipvs0 (not excluded) and fwmark servers with an in-cluster mark
+//     (incluster.go), so Services deleted while the agent was down go too.
+//     Others are left alone.
 //   - Status: a failure is blamed on the key's owners and the changed
 //     resources that touched it; known.programmed records the keys this
 //     process owns. A destination write that failed only because its
@@ -64,7 +65,7 @@ func (p *pass) virtualServersToCompare() map[kernel.VirtualServerKey][]string {
 		listed = p.listVirtualServers()
 	}
 	for key := range listed {
-		if key.FWMark == 0 && p.known.bound[key.Address] && !p.excluded(key.Address) {
+		if key.FWMark == 0 && p.known.bound[key.Address] && !p.excluded(key.Address) || p.marks.isOurs(key.FWMark) {
 			keys[key] = nil
 		}
 	}

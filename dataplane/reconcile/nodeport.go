@@ -105,8 +105,10 @@ func (c *compiler) compileEntryTemplate(set rules.Set, e *vsplanev1.IPSetEntry) 
 }
 
 // expand returns rs expanded over addrs (rs itself when it has no
-// markers). The result is a new value: stored states are never mutated.
-func (rs *resourceState) expand(addrs nodePortAddrs) *resourceState {
+// markers), with the fwmark virtual servers of its in-cluster clients
+// (marks: incluster.go). The result is a new value: stored states are
+// never mutated.
+func (rs *resourceState) expand(addrs nodePortAddrs, marks *inClusterMarks) *resourceState {
 	tm := rs.tmpl
 	if tm == nil {
 		return rs
@@ -145,6 +147,7 @@ func (rs *resourceState) expand(addrs nodePortAddrs) *resourceState {
 			}
 		}
 	}
+	marks.addInCluster(out)
 	return out
 }
 
@@ -165,14 +168,16 @@ func (r *Reconciler) refreshNodePort(p *pass) (names []string, olds []*resourceS
 	}
 	p.setLocal(list)
 	addrs := selectNodePortAddrs(list, p.s.nodePortCIDRs, r.families)
-	if addrs.equal(r.nodePort) {
+	masq := masqFor(p.s.masqueradeBit)
+	if addrs.equal(r.nodePort) && masq == r.marks.masq {
 		return nil, nil
 	}
-	r.log.Info("NodePort addresses changed; re-expanding NodePort services", zap.String("addresses", formatAddrs(addrs)))
-	r.nodePort = addrs
+	r.log.Info("NodePort addresses or masquerade bit changed; re-expanding NodePort and in-cluster services",
+		zap.String("addresses", formatAddrs(addrs)), zap.Uint8("masqueradeBit", p.s.masqueradeBit))
+	r.nodePort, r.marks.masq = addrs, masq
 	for _, name := range slices.Sorted(maps.Keys(r.desired.templated)) {
 		old := r.desired.res[name]
-		r.desired.put(name, old.expand(addrs))
+		r.desired.put(name, old.expand(addrs, r.marks))
 		names = append(names, name)
 		olds = append(olds, old)
 	}

@@ -51,11 +51,12 @@ type pass struct {
 	now      func() time.Time
 	s        settings // the effective node settings
 
-	desired   *store        // read only
-	admission *setAdmission // read only
-	known     *knownKernel  // updated as writes succeed
-	drains    *drainSet     // updated by removeDestination
-	rendered  renderMemo    // the last iptables renderings (iptables.go)
+	desired   *store          // read only
+	marks     *inClusterMarks // read only: which fwmark servers are ours
+	admission *setAdmission   // read only
+	known     *knownKernel    // updated as writes succeed
+	drains    *drainSet       // updated by removeDestination
+	rendered  renderMemo      // the last iptables renderings (iptables.go)
 
 	// The pass's result: writes by kind, errors by resource name, errors no
 	// resource can be blamed for, and which of ops ended a drain
@@ -88,7 +89,7 @@ type pass struct {
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {
 	return &pass{ctx: ctx, k: r.k, log: r.log, families: r.families, now: r.cfg.Now, s: r.desired.settings(),
-		desired: r.desired, admission: &r.admission, known: &r.known, drains: &r.drains, rendered: r.rendered,
+		desired: r.desired, marks: r.marks, admission: &r.admission, known: &r.known, drains: &r.drains, rendered: r.rendered,
 		ops: map[string]uint32{}, errs: map[string][]string{}}
 }
 

@@ -101,17 +101,18 @@ type Reconciler struct {
 	tracker *writeTracker
 
 	mu         sync.Mutex
-	desired    *store         // the resources and their indexes (store.go)
-	nodePort   nodePortAddrs  // what NodePort markers expand over (nodeport.go)
-	admission  setAdmission   // who fits in a full ipset (maxelem.go)
-	schedulers schedulerList  // what the kernel offers (apply.go)
-	known      knownKernel    // what the kernel holds (known.go)
-	status     resourceStatus // applied / failed / recovered (status.go)
-	full       fullSchedule   // first Delta seen, last full reconcile (full.go)
-	retry      retryBackoff   // (retry.go)
-	drains     drainSet       // (drain.go)
-	rendered   renderMemo     // the last iptables renderings (iptables.go)
-	stats      Stats          // (status.go)
+	desired    *store          // the resources and their indexes (store.go)
+	nodePort   nodePortAddrs   // what NodePort markers expand over (nodeport.go)
+	marks      *inClusterMarks // fwmark servers of in-cluster clients (incluster.go)
+	admission  setAdmission    // who fits in a full ipset (maxelem.go)
+	schedulers schedulerList   // what the kernel offers (apply.go)
+	known      knownKernel     // what the kernel holds (known.go)
+	status     resourceStatus  // applied / failed / recovered (status.go)
+	full       fullSchedule    // first Delta seen, last full reconcile (full.go)
+	retry      retryBackoff    // (retry.go)
+	drains     drainSet        // (drain.go)
+	rendered   renderMemo      // the last iptables renderings (iptables.go)
+	stats      Stats           // (status.go)
 
 	wake chan struct{} // a deadline moved: Run recomputes its sleep (run.go)
 }
@@ -165,6 +166,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		k: tracker.wrap(k), cfg: cfg, log: log, families: slices.Compact(slices.Sorted(slices.Values(cfg.Families))),
 		tracker:    tracker,
 		desired:    newStore(),
+		marks:      newInClusterMarks(defaultSettings().masqueradeBit),
 		admission:  setAdmission{refused: map[setRef]map[string]bool{}, maxElem: cfg.maxElem},
 		schedulers: schedulerList{names: scheds},
 		known:      newKnownKernel(),

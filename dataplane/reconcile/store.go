@@ -29,8 +29,9 @@ type store struct {
 	setSize map[setRef]int
 	// templated are the resources with node_port_addresses markers,
 	// checks those with a health-check node port, firewalled those with
-	// loadBalancerSourceRanges (KUBE-LOAD-BALANCER-FW entries).
-	templated, checks, firewalled map[string]bool
+	// loadBalancerSourceRanges (KUBE-LOAD-BALANCER-FW entries), inCluster
+	// those with in-cluster marks (incluster.go).
+	templated, checks, firewalled, inCluster map[string]bool
 }
 
 func newStore() *store {
@@ -44,6 +45,7 @@ func newStore() *store {
 		templated:  map[string]bool{},
 		checks:     map[string]bool{},
 		firewalled: map[string]bool{},
+		inCluster:  map[string]bool{},
 	}
 }
 
@@ -74,6 +76,12 @@ func (s *store) index(rs *resourceState) {
 		owners := s.vsOwners[key]
 		i, _ := slices.BinarySearch(owners, rs.name)
 		s.vsOwners[key] = slices.Insert(owners, i, rs.name)
+		if d.inClusterMark != 0 {
+			s.inCluster[rs.name] = true
+		}
+		if key.FWMark != 0 {
+			continue // no address
+		}
 		m := s.addrVS[key.Address]
 		if m == nil {
 			m = map[kernel.VirtualServerKey]int{}
@@ -126,6 +134,9 @@ func (s *store) unindex(rs *resourceState) {
 		} else {
 			s.vsOwners[key] = owners
 		}
+		if key.FWMark != 0 {
+			continue
+		}
 		if m := s.addrVS[key.Address]; m != nil {
 			if m[key]--; m[key] <= 0 {
 				delete(m, key)
@@ -152,6 +163,7 @@ func (s *store) unindex(rs *resourceState) {
 	delete(s.templated, rs.name)
 	delete(s.checks, rs.name)
 	delete(s.firewalled, rs.name)
+	delete(s.inCluster, rs.name)
 }
 
 // wantVS returns the desired virtual server for key. When several

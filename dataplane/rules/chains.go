@@ -1,6 +1,9 @@
 package rules
 
 import (
+	"cmp"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,13 +20,19 @@ var tableChains = []struct {
 	{kernel.TableFilter, []string{ChainForward, ChainNodePort, ChainProxyFirewall,
 		ChainSourceRangesFirewall, ChainIPVSFilter, ChainIPVSOutFilter}},
 	{kernel.TableNAT, []string{ChainServices, ChainPostrouting, ChainNodePort,
-		ChainLoadBalancer, ChainMarkMasq}},
+		ChainLoadBalancer, ChainMarkMasq, ChainInCluster}},
 }
+
+// optionalChains exist only while they have rules: vsplane's own, so that
+// a node not using their feature holds exactly kube-proxy's chains (and a
+// node handed back to kube-proxy keeps nothing of vsplane's).
+var optionalChains = []string{ChainInCluster}
 
 // sections write the rules in kube-proxy's order (writeIptablesRules), so
 // the rules of each chain come out in its order.
 var sections = []func(*builder){
 	(*builder).dismissLocalhost,
+	(*builder).inClusterRules,
 	(*builder).setRules,
 	(*builder).clusterIPRules,
 	(*builder).externalIPRules,
@@ -99,6 +108,43 @@ func (b *builder) dismissLocalhost() {
 		lo = "::1/128"
 	}
 	b.add(kernel.TableNAT, ChainServices, "-s", lo, "-j RETURN")
+}
+
+// inClusterRules mark connections of in-cluster clients to addresses of
+// Local external policy. The policy is for external clients; Kubernetes
+// gives in-cluster ones Cluster semantics, and kube-proxy's iptables mode
+// does so with its local-traffic detector. Here the mark selects a
+// firewall-mark virtual server with the Cluster selection of endpoints
+// (IPVS looks up fwmark services first) and carries the masquerade bit:
+// the connection may cross nodes, and a node's own connection has the
+// Local address itself as source. Pods are recognised by the cluster
+// CIDRs (none configured: only the node's own connections), the node by
+// the source address type. Only the first packet passes nat, and only it
+// needs the mark: IPVS schedules on it.
+func (b *builder) inClusterRules() {
+	if len(b.in.InClusterMarks) == 0 {
+		return
+	}
+	for _, c := range b.in.ClusterCIDRs {
+		b.add(kernel.TableNAT, ChainServices, "-s", c.Masked().String(), "-j", ChainInCluster)
+	}
+	b.add(kernel.TableNAT, ChainServices, "-m addrtype --src-type LOCAL -j", ChainInCluster)
+	marks := slices.Clone(b.in.InClusterMarks)
+	for i := range marks {
+		marks[i].Dest.IP = marks[i].Dest.IP.Unmap()
+	}
+	slices.SortFunc(marks, func(x, y InClusterMark) int {
+		return cmp.Or(compareVirtualPorts(x.Dest, y.Dest), cmp.Compare(x.Mark, y.Mark))
+	})
+	marks = slices.Compact(marks)
+	mask := InClusterMarkMask | uint32(1)<<b.in.MasqueradeBit
+	for _, m := range marks {
+		d := m.Dest
+		proto := d.Protocol.String()
+		b.add(kernel.TableNAT, ChainInCluster, "-d", d.IP.String()+"/"+strconv.Itoa(d.IP.BitLen()),
+			"-p", proto, "-m", proto, "--dport", strconv.Itoa(int(d.Port)),
+			"-j MARK --set-xmark", fmt.Sprintf("%#x/%#x", m.Mark, mask))
+	}
 }
 
 // setRule is one row of kube-proxy's ipsetWithIptablesChain: a rule

@@ -113,7 +113,17 @@ func fuzzSeed(in Input, zones ...string) []byte {
 // afterwards: built-in chains declared, inserts as appends.
 func asSave(payload []byte) []byte {
 	var out bytes.Buffer
+	// A chain declared and deleted ("-X", Table.Absent) is not saved.
+	deleted := map[string]bool{}
 	for _, line := range strings.Split(string(payload), "\n") {
+		if c, ok := strings.CutPrefix(line, "-X "); ok {
+			deleted[c] = true
+		}
+	}
+	for _, line := range strings.Split(string(payload), "\n") {
+		if c, ok := strings.CutPrefix(line, ":"); ok && deleted[strings.Fields(c)[0]] || strings.HasPrefix(line, "-X ") {
+			continue
+		}
 		if t, ok := strings.CutPrefix(line, "*"); ok {
 			out.WriteString(line + "\n")
 			for _, c := range kernel.BuiltinChains(kernel.Table(t)) {

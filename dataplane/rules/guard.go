@@ -27,6 +27,7 @@ var standardTargets = []string{"ACCEPT", "DROP", "RETURN", "REJECT", "MASQUERADE
 //	-A CHAIN rule       the same chains; the rule's -j target is one of them or
 //	                    ACCEPT, DROP, RETURN, REJECT, MASQUERADE, MARK (no -g)
 //	-I BUILTIN 1 rule   exactly one of the fixed jumps (Ruleset.Jumps)
+//	-X CHAIN            an optional chain of ours (optionalChains)
 //
 // and the payload holds no control characters other than newlines. Anything
 // else (another table or chain, a flush, delete, policy or rule number, an
@@ -62,6 +63,10 @@ func CheckPayload(payload []byte) error {
 				}
 				if err := checkTarget(l.Rule, ours); err != nil {
 					return bad(err.Error())
+				}
+			case kernel.OpDeleteChain:
+				if !slices.Contains(optionalChains, l.Chain) || !slices.Contains(ours, l.Chain) {
+					return bad("deletes a chain other than an optional one of ours")
 				}
 			case kernel.OpInsert:
 				if l.Num != 1 || !slices.Contains(fixedJumps, Jump{Table: t.Table, From: l.Chain, Rule: l.Rule}) {

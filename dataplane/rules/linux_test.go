@@ -111,9 +111,16 @@ func realInputs(fam kernel.Family, randomFully, withNoNodeAccess bool) []rules.I
 	// Several cluster CIDRs of the family (kube-proxy takes one).
 	threeCIDRs := all
 	threeCIDRs.ClusterCIDRs = append([]netip.Prefix{clusterCIDR[fam]}, moreClusterCIDRs[fam]...)
+	// In-cluster marks of every protocol, written as iptables-save prints them.
+	inCluster := threeCIDRs
+	for i, proto := range []kernel.Protocol{kernel.ProtocolTCP, kernel.ProtocolUDP, kernel.ProtocolSCTP} {
+		inCluster.InClusterMarks = append(inCluster.InClusterMarks,
+			rules.InClusterMark{Dest: rules.VirtualPort{IP: lbAddr[fam], Port: 80, Protocol: proto}, Mark: 0x4001 + uint32(i)})
+	}
 	return []rules.Input{
 		all,
 		threeCIDRs,
+		inCluster,
 		{Family: fam, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR[fam]}, RandomFully: randomFully,
 			NonEmpty: rules.SetMask(0).With(rules.SetClusterIP).With(rules.SetLoopBack)},
 		masqAll,

@@ -38,7 +38,26 @@ const (
 	ChainSourceRangesFirewall = "KUBE-SOURCE-RANGES-FIREWALL"
 	ChainIPVSFilter           = "KUBE-IPVS-FILTER"
 	ChainIPVSOutFilter        = "KUBE-IPVS-OUT-FILTER"
+	// ChainInCluster is vsplane's own (kube-proxy's IPVS mode has no
+	// equivalent): it marks in-cluster clients' connections to addresses of
+	// Local external policy for a firewall-mark virtual server.
+	ChainInCluster = "VSPLANE-IN-CLUSTER"
 )
+
+// InClusterMarkMask is the packet-mark field of in-cluster marks: the low
+// 12 bits, clear of kube-proxy's masquerade (0x4000) and drop (0x8000) bits
+// and of Calico's default mark mask (0xffff0000). A mark is written with
+// the masquerade bit set too (InClusterMark.Mark), so the connection is
+// masqueraded like any Cluster-policy external traffic.
+const InClusterMarkMask uint32 = 0x0fff
+
+// InClusterMark sends in-cluster clients of one address of Local external
+// policy to the firewall-mark virtual server Mark (in-cluster mark field
+// value | masquerade bit).
+type InClusterMark struct {
+	Dest VirtualPort
+	Mark uint32
+}
 
 // DefaultMasqueradeBit is kube-proxy's default --iptables-masquerade-bit.
 const DefaultMasqueradeBit = wire.DefaultMasqueradeBit
@@ -72,6 +91,11 @@ type Input struct {
 	// entries. Order and duplicates do not matter (rendered sorted, once).
 	// nil: no such Service, KUBE-IPVS-OUT-FILTER stays empty.
 	LoadBalancerNoNodeAccess []VirtualPort
+	// InClusterMarks: connections from the cluster CIDRs and from the node
+	// itself (source address type LOCAL) to each Dest get Mark in nat
+	// KUBE-SERVICES, before IPVS schedules them. Order does not matter
+	// (rendered sorted); nil: the chain stays empty and is not jumped to.
+	InClusterMarks []InClusterMark
 }
 
 // Validate reports an Input that cannot be rendered.
@@ -92,6 +116,16 @@ func (in Input) Validate() error {
 			return err
 		}
 	}
+	masq := uint32(1) << in.MasqueradeBit
+	for _, m := range in.InClusterMarks {
+		if err := m.Dest.validate(in.Family); err != nil {
+			return err
+		}
+		if masq&InClusterMarkMask != 0 || m.Mark&InClusterMarkMask == 0 || m.Mark&^InClusterMarkMask != masq {
+			return fmt.Errorf("rules: in-cluster mark %#x for %v is not a value of %#x with only the masquerade bit %#x besides: %w",
+				m.Mark, m.Dest, InClusterMarkMask, masq, kernel.ErrInvalid)
+		}
+	}
 	return nil
 }
 
@@ -105,6 +139,10 @@ type Chain struct {
 type Table struct {
 	Table  kernel.Table
 	Chains []Chain
+	// Absent are our chains this rendering leaves out (vsplane's own,
+	// optionalChains, while empty): the payload deletes them, so a node
+	// without their feature holds exactly kube-proxy's chains.
+	Absent []string
 }
 
 // Chain returns the named chain.
@@ -176,7 +214,12 @@ func (b *builder) ruleset() Ruleset {
 	for _, tc := range tableChains {
 		t := Table{Table: tc.table}
 		for _, c := range tc.chains {
-			t.Chains = append(t.Chains, Chain{Name: c, Rules: b.rules[tc.table][c]})
+			rules := b.rules[tc.table][c]
+			if len(rules) == 0 && slices.Contains(optionalChains, c) {
+				t.Absent = append(t.Absent, c)
+				continue
+			}
+			t.Chains = append(t.Chains, Chain{Name: c, Rules: rules})
 		}
 		rs.Tables = append(rs.Tables, t)
 	}
@@ -185,13 +228,18 @@ func (b *builder) ruleset() Ruleset {
 
 // Payload renders the iptables-restore --noflush input: our chains
 // declared (flushed) and refilled, plus an insert at position 1 for each of
-// missingJumps (see MissingJumps).
+// missingJumps (see MissingJumps), and the absent chains declared and
+// deleted ("-X", after every rule that could refer to them is gone; a
+// chain that did not exist is created and deleted in the same commit).
 func (r Ruleset) Payload(missingJumps []Jump) []byte {
 	var buf bytes.Buffer
 	for _, t := range r.Tables {
 		fmt.Fprintf(&buf, "*%s\n", t.Table)
 		for _, c := range t.Chains {
 			fmt.Fprintf(&buf, ":%s - [0:0]\n", c.Name)
+		}
+		for _, c := range t.Absent {
+			fmt.Fprintf(&buf, ":%s - [0:0]\n", c)
 		}
 		for _, c := range t.Chains {
 			for _, rule := range c.Rules {
@@ -203,6 +251,9 @@ func (r Ruleset) Payload(missingJumps []Jump) []byte {
 				fmt.Fprintf(&buf, "-I %s 1 %s\n", j.From, j.Rule)
 			}
 		}
+		for _, c := range t.Absent {
+			fmt.Fprintf(&buf, "-X %s\n", c)
+		}
 		buf.WriteString("COMMIT\n")
 	}
 	return buf.Bytes()
@@ -211,7 +262,7 @@ func (r Ruleset) Payload(missingJumps []Jump) []byte {
 // Check compares the ruleset with what iptables-save shows for its tables
 // (parsed with kernel.ParseSave). It returns the jumps missing from the
 // built-in chains and whether any of our chains differs (missing, or with
-// other rules).
+// other rules, or present while absent from the rendering).
 func (r Ruleset) Check(saved []kernel.TableDump) (missingJumps []Jump, chainsDiffer bool) {
 	byTable := map[kernel.Table]kernel.TableDump{}
 	for _, d := range saved {
@@ -222,6 +273,11 @@ func (r Ruleset) Check(saved []kernel.TableDump) (missingJumps []Jump, chainsDif
 		for _, c := range t.Chains {
 			got, ok := d.Chain(c.Name)
 			if !ok || !slices.Equal(got.Rules, c.Rules) {
+				chainsDiffer = true
+			}
+		}
+		for _, c := range t.Absent {
+			if _, ok := d.Chain(c); ok {
 				chainsDiffer = true
 			}
 		}

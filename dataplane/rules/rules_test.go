@@ -37,6 +37,17 @@ var (
 		{netip.MustParseAddr("198.18.200.1"), 53, kernel.ProtocolUDP},
 	}
 	noNodeAccess6 = []VirtualPort{{netip.MustParseAddr("2001:2:0:1::c8"), 80, kernel.ProtocolTCP}}
+	// inCluster4: a LB IP and a NodePort address of one Service port
+	// share a mark; a UDP port and an SCTP NodePort; out of order and one
+	// twice (rendered sorted, once).
+	inCluster4 = []InClusterMark{
+		{VirtualPort{netip.MustParseAddr("198.18.0.2"), 30080, kernel.ProtocolTCP}, 0x4002},
+		{VirtualPort{netip.MustParseAddr("198.18.200.2"), 80, kernel.ProtocolTCP}, 0x4001},
+		{VirtualPort{netip.MustParseAddr("198.18.200.2"), 53, kernel.ProtocolUDP}, 0x4fff},
+		{VirtualPort{netip.MustParseAddr("198.18.0.2"), 30090, kernel.ProtocolSCTP}, 0x4003},
+		{VirtualPort{netip.MustParseAddr("198.18.200.2"), 80, kernel.ProtocolTCP}, 0x4001},
+	}
+	inCluster6 = []InClusterMark{{VirtualPort{netip.MustParseAddr("2001:2:0:1::c8"), 80, kernel.ProtocolTCP}, 0x4001}}
 )
 
 func goldenCases() map[string]Input {
@@ -51,10 +62,20 @@ func goldenCases() map[string]Input {
 		}),
 		"ipv6_all_sets": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true,
 			NonEmpty: allSets, LoadBalancerNoNodeAccess: noNodeAccess6},
-		"ipv4_masq_all":      {Family: kernel.FamilyIPv4, MasqueradeBit: 14, MasqueradeAll: true, NonEmpty: allSets},
-		"ipv4_no_cidr":       {Family: kernel.FamilyIPv4, MasqueradeBit: 14, NonEmpty: allSets},
-		"ipv4_liberal":       with(v4, func(in *Input) { in.NonEmpty, in.ConntrackTCPLiberal = both, true }),
-		"ipv6_clusterip":     {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true, NonEmpty: both},
+		"ipv4_masq_all":  {Family: kernel.FamilyIPv4, MasqueradeBit: 14, MasqueradeAll: true, NonEmpty: allSets},
+		"ipv4_no_cidr":   {Family: kernel.FamilyIPv4, MasqueradeBit: 14, NonEmpty: allSets},
+		"ipv4_liberal":   with(v4, func(in *Input) { in.NonEmpty, in.ConntrackTCPLiberal = both, true }),
+		"ipv6_clusterip": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true, NonEmpty: both},
+		// Two cluster CIDRs: each is jumped from (with one, as the others).
+		"ipv4_in_cluster": with(v4, func(in *Input) {
+			in.NonEmpty, in.InClusterMarks = allSets, inCluster4
+			in.ClusterCIDRs = append(in.ClusterCIDRs, netip.MustParsePrefix("198.20.0.0/16"))
+		}),
+		"ipv6_in_cluster": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true,
+			NonEmpty: allSets, InClusterMarks: inCluster6},
+		// No cluster CIDR: only the node's own connections are recognised.
+		"ipv4_in_cluster_no_cidr": {Family: kernel.FamilyIPv4, MasqueradeBit: 15, NonEmpty: allSets,
+			InClusterMarks: []InClusterMark{{VirtualPort{netip.MustParseAddr("198.18.200.2"), 80, kernel.ProtocolTCP}, 0x8001}}},
 		"ipv4_bit0_no_fully": {Family: kernel.FamilyIPv4, MasqueradeBit: 0, ClusterCIDRs: []netip.Prefix{cluster4}, NonEmpty: both},
 	}
 }

@@ -71,6 +71,8 @@ func TestVMServiceSemantics(t *testing.T) {
 	phase("affinity")
 	t.Run("ETP Local keeps the client IP and rejects without local endpoint", func(t *testing.T) { e.etpLocal(t, s) })
 	phase("ETP Local")
+	t.Run("in-cluster clients of ETP Local addresses get Cluster semantics", func(t *testing.T) { e.inClusterLocal(t, s) })
+	phase("ETP Local, in-cluster clients")
 	t.Run("healthCheckNodePort answers 200/503 like kube-proxy", func(t *testing.T) { e.healthCheck(t, s) })
 	phase("healthCheckNodePort")
 	t.Run("ITP Local keeps ClusterIP traffic on the node's endpoints", func(t *testing.T) { e.itpLocal(t, s) })
@@ -320,6 +322,12 @@ func (e *semEnv) affinity(t *testing.T, s *services) {
 }
 
 func (e *semEnv) etpLocal(t *testing.T, s *services) {
+	// Everything programmed first: a NodePort virtual server answering
+	// before its KUBE-NODE-PORT-LOCAL-TCP entry exists masquerades (seen
+	// when this subtest ran alone).
+	if err := e.c.AwaitAcked(e.ctx, semConverge); err != nil {
+		t.Fatal(err)
+	}
 	np := nodePortOf(t, s.loc, corev1.ProtocolTCP)
 	check := func(out, what string) {
 		for b, srcs := range peers(out) {
@@ -370,6 +378,45 @@ func (e *semEnv) etpLocal(t *testing.T, s *services) {
 				target.from.Name, target.addr, len(fails), took.Round(time.Millisecond), refusalBound, perRequest)
 		}
 		t.Logf("%s -> %s: %d refusals in %v: %q", target.from.Name, target.addr, len(fails), took.Round(time.Millisecond), fails)
+	}
+}
+
+// inClusterLocal: the Local policy is for external clients; in-cluster ones
+// get Cluster semantics. node2 has no endpoint of loc or loc6, so etpLocal's
+// outside clients are refused there, but node2's Pod, node2 itself and a Pod
+// of node1 reaching node2's NodePort all reach the endpoints on node1,
+// masqueraded to node2's address (they may cross nodes: pod-a's reply from
+// pod-a2 would otherwise bypass node2). On node1 a Pod gets them too.
+func (e *semEnv) inClusterLocal(t *testing.T, s *services) {
+	np := nodePortOf(t, s.loc, corev1.ProtocolTCP)
+	var np6 int32
+	for _, p := range s.loc6.Spec.Ports {
+		np6 = p.NodePort // one port, both families
+	}
+	podA, podB := e.c.Pods["pod-a"], e.c.Pods["pod-b"]
+	node2 := &e.node2.Netns
+	for _, c := range []struct {
+		from      *vm.Netns
+		addr, src string
+		backends  []string
+	}{
+		{&podB.Netns, hostPort(lbLocalIP, 80), e.node2.IP, []string{"pod-a", "pod-a2"}},
+		{&podB.Netns, hostPort(e.node2.IP, np), e.node2.IP, []string{"pod-a", "pod-a2"}},
+		{node2, hostPort(lbLocalIP, 80), e.node2.IP, []string{"pod-a", "pod-a2"}},
+		{node2, hostPort(e.node2.IP, np), e.node2.IP, []string{"pod-a", "pod-a2"}},
+		{&podA.Netns, hostPort(e.node2.IP, np), e.node2.IP, []string{"pod-a", "pod-a2"}},
+		{&podB.Netns, hostPort(e.node2.IP6, np6), e.node2.IP6, []string{"pod-a"}},
+		{&podA.Netns, hostPort(lbLocalIP, 80), "", []string{"pod-a", "pod-a2"}},
+	} {
+		_, out := e.await(t, c.from, "tcp", c.addr, 6, anyOf(c.backends...))
+		if c.src == "" {
+			continue
+		}
+		for b, srcs := range peers(out) {
+			if !slices.Equal(srcs, []string{c.src}) {
+				t.Errorf("%s -> %s: backend %s saw sources %v, want only node2's %s (masqueraded)", c.from.Name, c.addr, b, srcs, c.src)
+			}
+		}
 	}
 }
 

@@ -698,9 +698,16 @@ type VirtualServer struct {
 	// virtual server instead of leaving it without real servers (kubernetes#97081).
 	Reject bool `protobuf:"varint,14,opt,name=reject,proto3" json:"reject,omitempty"`
 	// loadBalancerSourceRanges (CIDRs) that may reach a LoadBalancer address.
-	SourceRanges  []string `protobuf:"bytes,15,rep,name=source_ranges,json=sourceRanges,proto3" json:"source_ranges,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SourceRanges []string `protobuf:"bytes,15,rep,name=source_ranges,json=sourceRanges,proto3" json:"source_ranges,omitempty"`
+	// Local external policy only (load-balancer IPs, external IPs, NodePorts):
+	// the real servers for clients inside the cluster (Pods of the cluster
+	// CIDRs, the node itself), which get Cluster semantics because the policy
+	// applies to external traffic only. Chosen as for the Cluster policy;
+	// empty when there is none. The agent serves these clients through a
+	// firewall-mark virtual server.
+	InClusterRealServers []*RealServer `protobuf:"bytes,16,rep,name=in_cluster_real_servers,json=inClusterRealServers,proto3" json:"in_cluster_real_servers,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *VirtualServer) Reset() {
@@ -834,6 +841,13 @@ func (x *VirtualServer) GetReject() bool {
 func (x *VirtualServer) GetSourceRanges() []string {
 	if x != nil {
 		return x.SourceRanges
+	}
+	return nil
+}
+
+func (x *VirtualServer) GetInClusterRealServers() []*RealServer {
+	if x != nil {
+		return x.InClusterRealServers
 	}
 	return nil
 }
@@ -1230,7 +1244,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\x0flocal_endpoints\x18\x06 \x01(\rR\x0elocalEndpoints\x12\x1a\n" +
 	"\bproblems\x18\a \x03(\tR\bproblems\x12)\n" +
 	"\x10scheduler_source\x18\b \x01(\tR\x0fschedulerSource\x120\n" +
-	"\x14local_endpoints_ipv6\x18\t \x01(\rR\x12localEndpointsIpv6\"\xa0\x05\n" +
+	"\x14local_endpoints_ipv6\x18\t \x01(\rR\x12localEndpointsIpv6\"\xef\x05\n" +
 	"\rVirtualServer\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.vsplane.v1.VirtualServerKindR\x04kind\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12.\n" +
@@ -1247,7 +1261,8 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\tport_name\x18\f \x01(\tR\bportName\x12@\n" +
 	"\x0etraffic_policy\x18\r \x01(\x0e2\x19.vsplane.v1.TrafficPolicyR\rtrafficPolicy\x12\x16\n" +
 	"\x06reject\x18\x0e \x01(\bR\x06reject\x12#\n" +
-	"\rsource_ranges\x18\x0f \x03(\tR\fsourceRanges\"\xd2\x01\n" +
+	"\rsource_ranges\x18\x0f \x03(\tR\fsourceRanges\x12M\n" +
+	"\x17in_cluster_real_servers\x18\x10 \x03(\v2\x16.vsplane.v1.RealServerR\x14inClusterRealServers\"\xd2\x01\n" +
 	"\n" +
 	"RealServer\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
@@ -1380,14 +1395,15 @@ var file_vsplane_v1_snapshot_proto_depIdxs = []int32{
 	3,  // 8: vsplane.v1.VirtualServer.binding:type_name -> vsplane.v1.AddressBinding
 	10, // 9: vsplane.v1.VirtualServer.real_servers:type_name -> vsplane.v1.RealServer
 	5,  // 10: vsplane.v1.VirtualServer.traffic_policy:type_name -> vsplane.v1.TrafficPolicy
-	6,  // 11: vsplane.v1.IPSetEntry.set:type_name -> vsplane.v1.IPSet
-	1,  // 12: vsplane.v1.IPSetEntry.family:type_name -> vsplane.v1.IPFamily
-	0,  // 13: vsplane.v1.IPSetEntry.protocol:type_name -> vsplane.v1.Protocol
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	10, // 11: vsplane.v1.VirtualServer.in_cluster_real_servers:type_name -> vsplane.v1.RealServer
+	6,  // 12: vsplane.v1.IPSetEntry.set:type_name -> vsplane.v1.IPSet
+	1,  // 13: vsplane.v1.IPSetEntry.family:type_name -> vsplane.v1.IPFamily
+	0,  // 14: vsplane.v1.IPSetEntry.protocol:type_name -> vsplane.v1.Protocol
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_snapshot_proto_init() }
