@@ -121,6 +121,11 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"nodePortAddresses keyword twice", func(c *config.VsplaneConfiguration) {
 			c.NodePortAddresses = []string{"primary", "198.18.240.0/24", "primary"}
 		}, `nodePortAddresses[2] "primary": duplicate keyword`},
+		{"detectLocalMode", func(c *config.VsplaneConfiguration) { c.DetectLocalMode = "NodeCidr" }, `detectLocalMode "NodeCidr": not one of ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix`},
+		{"bridgeInterface missing", func(c *config.VsplaneConfiguration) { c.DetectLocalMode = "BridgeInterface" }, `detectLocal.bridgeInterface "": empty (detectLocalMode BridgeInterface)`},
+		{"interfaceNamePrefix too long", func(c *config.VsplaneConfiguration) {
+			c.DetectLocalMode, c.DetectLocal.InterfaceNamePrefix = "InterfaceNamePrefix", "123456789012345"
+		}, `detectLocal.interfaceNamePrefix "123456789012345": longer than 14 bytes (detectLocalMode InterfaceNamePrefix)`},
 		{"masqueradeBit", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 32 }, `masqueradeBit 32: must be 1..31`},
 		{"masqueradeBit 0", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 0 }, `masqueradeBit 0: must be 1..31`},
 		{"agentReconcilePeriod", func(c *config.VsplaneConfiguration) { c.AgentReconcilePeriod = dur(-time.Minute) }, `agentReconcilePeriod "-1m0s": must be >= 0`},
@@ -203,6 +208,30 @@ func TestKubeProxyConfigurationMapping(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"KubeProxyConfiguration: fields not supported by vsplane, ignored: featureGates.Foo"}, l.Warnings); diff != "" {
 		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+
+	// detectLocalMode and detectLocal map (no warning), and reach the
+	// translator's configuration.
+	l, err = config.Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" +
+		"detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: veth, bridgeInterface: cbr0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Warnings) != 0 || l.Config.Validate() != nil {
+		t.Errorf("detectLocal: warnings %q, validation %v", l.Warnings, l.Config.Validate())
+	}
+	if ld := l.Config.Translate().LocalDetect; ld != (translate.LocalDetect{Mode: translate.LocalByInterfacePrefix, Interface: "veth"}) {
+		t.Errorf("detectLocal translated to %+v", ld)
+	}
+	for mode, want := range map[string]translate.LocalDetect{
+		"": {Mode: translate.LocalByClusterCIDR}, "ClusterCIDR": {Mode: translate.LocalByClusterCIDR},
+		"NodeCIDR": {Mode: translate.LocalByNodeCIDR}, "BridgeInterface": {Mode: translate.LocalByBridge, Interface: "cbr0"},
+	} {
+		c := l.Config
+		c.DetectLocalMode = mode
+		if got := c.Translate().LocalDetect; got != want {
+			t.Errorf("detectLocalMode %q: %+v, want %+v", mode, got, want)
+		}
 	}
 }
 

@@ -32,8 +32,10 @@ type KubeProxyConfiguration struct {
 		MasqueradeAll bool `json:"masqueradeAll"`
 	} `json:"linux"`
 	// ClusterCIDR is comma-separated (dual-stack: one per family).
-	ClusterCIDR       string   `json:"clusterCIDR"`
-	NodePortAddresses []string `json:"nodePortAddresses"`
+	ClusterCIDR       string                   `json:"clusterCIDR"`
+	NodePortAddresses []string                 `json:"nodePortAddresses"`
+	DetectLocalMode   string                   `json:"detectLocalMode"`
+	DetectLocal       DetectLocalConfiguration `json:"detectLocal"`
 }
 
 type kubeProxyIPVSConfiguration struct {
@@ -52,7 +54,7 @@ var kubeProxySupported = []string{
 	"apiVersion", "kind", "mode",
 	"ipvs.scheduler", "ipvs.excludeCIDRs", "ipvs.strictARP", "ipvs.tcpTimeout", "ipvs.tcpFinTimeout", "ipvs.udpTimeout",
 	"iptables.masqueradeAll", "iptables.masqueradeBit", "masqueradeAll", "linux.masqueradeAll",
-	"clusterCIDR", "nodePortAddresses",
+	"clusterCIDR", "nodePortAddresses", "detectLocalMode", "detectLocal.bridgeInterface", "detectLocal.interfaceNamePrefix",
 }
 
 // toVsplane maps kp's IPVS-mode settings onto the defaults. The process
@@ -79,6 +81,7 @@ func (kp *KubeProxyConfiguration) toVsplane() (VsplaneConfiguration, error) {
 		}
 	}
 	c.NodePortAddresses = slices.Clone(kp.NodePortAddresses)
+	c.DetectLocalMode, c.DetectLocal = kp.DetectLocalMode, kp.DetectLocal
 	return c, nil
 }
 

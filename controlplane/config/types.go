@@ -53,6 +53,13 @@ type VsplaneConfiguration struct {
 	MasqueradeBit int32 `json:"masqueradeBit"`
 	// ClusterCIDRs are the pod CIDRs (local-traffic detection). Default none.
 	ClusterCIDRs []string `json:"clusterCIDRs"`
+	// DetectLocalMode is how agents tell Pod traffic, as kube-proxy's
+	// detectLocalMode: ClusterCIDR (by clusterCIDRs; "" means it), NodeCIDR
+	// (each node's spec.podCIDRs), BridgeInterface or InterfaceNamePrefix
+	// (the interface the traffic arrives on, from detectLocal).
+	DetectLocalMode string `json:"detectLocalMode"`
+	// DetectLocal names the interface of the interface modes.
+	DetectLocal DetectLocalConfiguration `json:"detectLocal"`
 	// NodePortAddresses select the node addresses NodePorts are served on.
 	// Default none: every node address.
 	NodePortAddresses []string `json:"nodePortAddresses"`
@@ -64,6 +71,25 @@ type VsplaneConfiguration struct {
 	// needs a restart.
 	ControlPlane ControlPlaneConfiguration `json:"controlPlane"`
 }
+
+// DetectLocalConfiguration is kube-proxy's detectLocal.
+type DetectLocalConfiguration struct {
+	// BridgeInterface: Pods' traffic arrives on this bridge.
+	BridgeInterface string `json:"bridgeInterface"`
+	// InterfaceNamePrefix: Pods' traffic arrives on interfaces named so.
+	InterfaceNamePrefix string `json:"interfaceNamePrefix"`
+}
+
+// The detectLocalMode values (kube-proxy's).
+const (
+	DetectLocalClusterCIDR         = "ClusterCIDR"
+	DetectLocalNodeCIDR            = "NodeCIDR"
+	DetectLocalBridgeInterface     = "BridgeInterface"
+	DetectLocalInterfaceNamePrefix = "InterfaceNamePrefix"
+)
+
+// DetectLocalModes lists the detectLocalMode values.
+var DetectLocalModes = []string{DetectLocalClusterCIDR, DetectLocalNodeCIDR, DetectLocalBridgeInterface, DetectLocalInterfaceNamePrefix}
 
 // IPVSConfiguration is the IPVS part of the fleet settings.
 type IPVSConfiguration struct {
@@ -164,7 +190,21 @@ func (c *VsplaneConfiguration) Translate() translate.Config {
 		NodePortAddresses: prefixes(expandNodePortKeywords(c.NodePortAddresses)),
 		NodePortPrimary:   slices.Contains(trimmed(c.NodePortAddresses), NodePortPrimary),
 		ReconcilePeriod:   c.AgentReconcilePeriod.Duration,
+		LocalDetect:       c.localDetect(),
 	}.WithDefaults()
+}
+
+// localDetect is the translator's form of detectLocalMode (c valid).
+func (c *VsplaneConfiguration) localDetect() translate.LocalDetect {
+	switch c.DetectLocalMode {
+	case DetectLocalNodeCIDR:
+		return translate.LocalDetect{Mode: translate.LocalByNodeCIDR}
+	case DetectLocalBridgeInterface:
+		return translate.LocalDetect{Mode: translate.LocalByBridge, Interface: c.DetectLocal.BridgeInterface}
+	case DetectLocalInterfaceNamePrefix:
+		return translate.LocalDetect{Mode: translate.LocalByInterfacePrefix, Interface: c.DetectLocal.InterfaceNamePrefix}
+	}
+	return translate.LocalDetect{Mode: translate.LocalByClusterCIDR}
 }
 
 // The keywords nodePortAddresses accepts besides CIDRs, as kube-proxy's

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/internal/configfile"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // maxIPVSTimeout is the kernel's limit for IPVS timeouts (what the agent
@@ -60,6 +61,19 @@ func (c *VsplaneConfiguration) Validate() error {
 				bad(path, s, "not a CIDR or one of the keywords %s", strings.Join(NodePortKeywords, ", "))
 			}
 		}
+	}
+	switch m := c.DetectLocalMode; m {
+	case "", DetectLocalClusterCIDR, DetectLocalNodeCIDR:
+	case DetectLocalBridgeInterface:
+		if err := wire.CheckInterfaceName(c.DetectLocal.BridgeInterface, false); err != nil {
+			bad("detectLocal.bridgeInterface", c.DetectLocal.BridgeInterface, "%v (detectLocalMode %s)", err, m)
+		}
+	case DetectLocalInterfaceNamePrefix:
+		if err := wire.CheckInterfaceName(c.DetectLocal.InterfaceNamePrefix, true); err != nil {
+			bad("detectLocal.interfaceNamePrefix", c.DetectLocal.InterfaceNamePrefix, "%v (detectLocalMode %s)", err, m)
+		}
+	default:
+		bad("detectLocalMode", m, "not one of %s", strings.Join(DetectLocalModes, ", "))
 	}
 	if b := c.MasqueradeBit; b < 1 || b > 31 {
 		bad("masqueradeBit", b, "must be 1..31 (0 cannot be sent: agents read it as the default %d)", Defaults().MasqueradeBit)

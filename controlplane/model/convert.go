@@ -430,6 +430,18 @@ func ConvertNode(n *corev1.Node) (*Node, []Problem) {
 		}
 	}
 	var problems []Problem
+	podCIDRs := n.Spec.PodCIDRs
+	if len(podCIDRs) == 0 && n.Spec.PodCIDR != "" {
+		podCIDRs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range podCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			problems = append(problems, Problem{Kind: "Node", Object: n.Name, Reason: ReasonBadCIDR, Detail: fmt.Sprintf("podCIDR %q: not a CIDR", c), Dropped: true})
+			continue
+		}
+		out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+	}
 	seen := map[netip.Addr]bool{}
 	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
 		for _, a := range n.Status.Addresses {

@@ -256,6 +256,9 @@ type Node struct {
 	Deleting bool
 	// Labels of the Node (SchedulerRollout node selectors).
 	Labels map[string]string
+	// PodCIDRs from spec.podCIDRs (spec.podCIDR when that is empty): the
+	// agents' local-traffic detection in NodeCIDR mode.
+	PodCIDRs []netip.Prefix
 }
 
 // Reason classifies why (part of) an object cannot be used.

@@ -37,6 +37,40 @@ type Config struct {
 	NodePortPrimary bool
 	// ReconcilePeriod of the agents' full reconcile; 0 = agent default.
 	ReconcilePeriod time.Duration
+	// LocalDetect is how agents tell Pod traffic (kube-proxy's
+	// detectLocalMode); the zero value detects by ClusterCIDRs.
+	LocalDetect LocalDetect
+}
+
+// LocalDetect is kube-proxy's detectLocalMode with its interface.
+type LocalDetect struct {
+	Mode LocalDetectMode
+	// Interface: the bridge (LocalByBridge) or the interface name prefix
+	// (LocalByInterfacePrefix).
+	Interface string
+}
+
+// LocalDetectMode says what tells Pod traffic.
+type LocalDetectMode uint8
+
+const (
+	LocalByClusterCIDR     LocalDetectMode = iota // Config.ClusterCIDRs
+	LocalByNodeCIDR                               // each node's spec.podCIDRs
+	LocalByBridge                                 // arriving on LocalDetect.Interface
+	LocalByInterfacePrefix                        // arriving on an interface named LocalDetect.Interface*
+)
+
+// wire is the mode's NodeSettings enum.
+func (m LocalDetectMode) wire() vsplanev1.LocalDetectMode {
+	switch m {
+	case LocalByNodeCIDR:
+		return vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR
+	case LocalByBridge:
+		return vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE
+	case LocalByInterfacePrefix:
+		return vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX
+	}
+	return vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR
 }
 
 // WithDefaults returns c with defaults filled in.
@@ -67,6 +101,13 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 		Zone:                   node.Zone,
 		ReconcilePeriodSeconds: seconds(cfg.ReconcilePeriod),
 		NodeDeleting:           node.Deleting,
+		LocalDetectMode:        cfg.LocalDetect.Mode.wire(),
+	}
+	switch cfg.LocalDetect.Mode {
+	case LocalByNodeCIDR:
+		ns.NodePodCidrs = prefixes(node.PodCIDRs)
+	case LocalByBridge, LocalByInterfacePrefix:
+		ns.LocalInterface = cfg.LocalDetect.Interface
 	}
 	for _, a := range node.Addresses {
 		ns.NodeIps = append(ns.NodeIps, a.String())

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -269,7 +270,8 @@ func TestVariants(t *testing.T) {
 }
 
 func TestNodeSettings(t *testing.T) {
-	n := &model.Node{Name: "n1", Zone: "zone-a", Addresses: []netip.Addr{ip("198.19.0.11"), ip("2001:2::11")}}
+	n := &model.Node{Name: "n1", Zone: "zone-a", Addresses: []netip.Addr{ip("198.19.0.11"), ip("2001:2::11")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.1.0/24"), netip.MustParsePrefix("2001:2:0:101::/64")}}
 	got := NodeSettings(n, Config{
 		TCPTimeout: 900 * time.Second, UDPTimeout: 1500 * time.Millisecond, StrictARP: true,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16")}, ReconcilePeriod: time.Minute,
@@ -277,10 +279,27 @@ func TestNodeSettings(t *testing.T) {
 	want := &pb.NodeSettings{
 		DefaultScheduler: "rr", TcpTimeoutSeconds: 900, UdpTimeoutSeconds: 2, StrictArp: true, MasqueradeBit: 14,
 		ClusterCidrs: []string{"198.19.0.0/16"}, NodeIps: []string{"198.19.0.11", "2001:2::11"}, Zone: "zone-a",
-		ReconcilePeriodSeconds: 60,
+		ReconcilePeriodSeconds: 60, LocalDetectMode: pb.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR,
 	}
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("NodeSettings (-want +got):\n%s", diff)
+	}
+	// Local-traffic detection: the node's pod CIDRs go only with NodeCIDR,
+	// the interface only with the interface modes.
+	for _, tc := range []struct {
+		ld    LocalDetect
+		mode  pb.LocalDetectMode
+		cidrs []string
+		iface string
+	}{
+		{LocalDetect{Mode: LocalByNodeCIDR, Interface: "ignored"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR, []string{"198.19.1.0/24", "2001:2:0:101::/64"}, ""},
+		{LocalDetect{Mode: LocalByBridge, Interface: "cbr0"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, nil, "cbr0"},
+		{LocalDetect{Mode: LocalByInterfacePrefix, Interface: "veth"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX, nil, "veth"},
+	} {
+		s := NodeSettings(n, Config{LocalDetect: tc.ld})
+		if s.GetLocalDetectMode() != tc.mode || !slices.Equal(s.GetNodePodCidrs(), tc.cidrs) || s.GetLocalInterface() != tc.iface {
+			t.Errorf("%+v: got mode %v, pod CIDRs %v, interface %q", tc.ld, s.GetLocalDetectMode(), s.GetNodePodCidrs(), s.GetLocalInterface())
+		}
 	}
 	if s := NodeSettings(n, Config{DefaultScheduler: "mh", MasqueradeBit: 3}); s.DefaultScheduler != "mh" || s.MasqueradeBit != 3 {
 		t.Errorf("explicit config not kept: %v", s)

@@ -11,7 +11,7 @@ import (
 // (package model) and reads nothing else from the caches, so they need
 // only what the conversions read. Dropped for every kind: managedFields
 // (server-side apply bookkeeping, often the largest part of a slice or a
-// Node). Dropped for Nodes: everything but metadata, taints and addresses
+// Node). Dropped for Nodes: everything but metadata, taints, pod CIDRs and addresses
 // (model.ConvertNode), notably status.images and conditions, several KB
 // per node in a real cluster. The transform runs before an object is
 // stored and before handlers see it, so old and new objects alike are
@@ -25,7 +25,7 @@ func slimForCache(obj any) (any, error) {
 		m.SetManagedFields(nil)
 	}
 	if n, ok := obj.(*corev1.Node); ok {
-		n.Spec = corev1.NodeSpec{Taints: n.Spec.Taints}
+		n.Spec = corev1.NodeSpec{Taints: n.Spec.Taints, PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs}
 		n.Status = corev1.NodeStatus{Addresses: n.Status.Addresses}
 	}
 	return obj, nil

@@ -24,7 +24,8 @@ func TestSlimForCacheKeepsWhatTheModelReads(t *testing.T) {
 		return &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{model.LabelZone: "z1"},
 				Annotations: map[string]string{"a": "b"}, DeletionTimestamp: &now, ManagedFields: mf},
-			Spec: corev1.NodeSpec{PodCIDR: "198.19.0.0/24", Taints: []corev1.Taint{{Key: model.TaintToBeDeletedByClusterAutoscaler}}},
+			Spec: corev1.NodeSpec{PodCIDR: "198.19.0.0/24", PodCIDRs: []string{"198.19.0.0/24", "2001:2:0:100::/64"},
+				ProviderID: "cloud://n1", Taints: []corev1.Taint{{Key: model.TaintToBeDeletedByClusterAutoscaler}}},
 			Status: corev1.NodeStatus{
 				Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "198.18.0.1"}, {Type: corev1.NodeExternalIP, Address: "198.18.1.1"}},
 				Images:     []corev1.ContainerImage{{Names: []string{"registry.example/big:1"}, SizeBytes: 1 << 30}},
@@ -38,13 +39,16 @@ func TestSlimForCacheKeepsWhatTheModelReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn := slim.(*corev1.Node)
-	if sn.ManagedFields != nil || sn.Status.Images != nil || sn.Status.Conditions != nil || sn.Spec.PodCIDR != "" {
+	if sn.ManagedFields != nil || sn.Status.Images != nil || sn.Status.Conditions != nil || sn.Spec.ProviderID != "" {
 		t.Fatalf("not slimmed: %+v", sn)
 	}
 	want, _ := model.ConvertNode(full)
 	got, _ := model.ConvertNode(sn)
-	if d := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); d != "" {
+	if d := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); d != "" {
 		t.Fatalf("model of the slim Node differs (-full +slim):\n%s", d)
+	}
+	if len(got.PodCIDRs) != 2 {
+		t.Fatalf("pod CIDRs %v, want both of spec.podCIDRs", got.PodCIDRs)
 	}
 	if sn.Annotations["a"] != "b" {
 		t.Fatal("annotations dropped")

@@ -128,7 +128,13 @@ type settings struct {
 	masqueradeAll    bool
 	masqueradeBit    uint8
 	clusterCIDRs     []netip.Prefix
-	excludeCIDRs     []netip.Prefix
+	// localDetect is how Pod traffic is told (node_settings'
+	// local_detect_mode; UNSPECIFIED reads as CLUSTER_CIDR), with the
+	// node's pod CIDRs (NODE_CIDR) or the interface (the interface modes).
+	localDetect    vsplanev1.LocalDetectMode
+	nodePodCIDRs   []netip.Prefix
+	localInterface string
+	excludeCIDRs   []netip.Prefix
 	// nodePortCIDRs select the NodePort addresses (empty: all).
 	nodePortCIDRs   []netip.Prefix
 	reconcilePeriod uint32 // seconds, 0 = agent default
@@ -262,6 +268,22 @@ func (c *compiler) compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings
 		rs.problem("%v", bad("masquerade_bit", s.masqueradeBit, "lies in the in-cluster mark field %#x: in-cluster clients of Local external policy get the Local policy", rules.InClusterMarkMask))
 	}
 	s.clusterCIDRs = parsePrefixes(rs, "cluster_cidrs", ns.GetClusterCidrs())
+	s.localDetect = vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR
+	switch m := ns.GetLocalDetectMode(); m {
+	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED, vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR:
+	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR:
+		s.localDetect = m
+		s.nodePodCIDRs = parsePrefixes(rs, "node_pod_cidrs", ns.GetNodePodCidrs())
+	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX:
+		prefix := m == vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX
+		if err := wire.CheckInterfaceName(ns.GetLocalInterface(), prefix); err != nil {
+			rs.problem("%v", bad("local_interface", ns.GetLocalInterface(), "%v (local_detect_mode %v); telling Pods by cluster_cidrs", err, m))
+			break
+		}
+		s.localDetect, s.localInterface = m, ns.GetLocalInterface()
+	default:
+		rs.problem("%v", bad("local_detect_mode", m, "unknown mode; telling Pods by cluster_cidrs"))
+	}
 	s.excludeCIDRs = parsePrefixes(rs, "exclude_cidrs", ns.GetExcludeCidrs())
 	s.nodePortCIDRs = parsePrefixes(rs, "node_port_addresses", ns.GetNodePortAddresses())
 	for i, a := range ns.GetNodeIps() {

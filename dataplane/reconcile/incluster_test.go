@@ -259,3 +259,61 @@ func TestInClusterBadInput(t *testing.T) {
 		}
 	}
 }
+
+// local_detect_mode decides what tells Pod traffic: the rules' ClusterIP
+// masquerade and in-cluster jumps follow it; a bad interface is NACKed on
+// node settings and detection falls back to the cluster CIDRs.
+func TestLocalDetectModes(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		mode       vsplanev1.LocalDetectMode
+		iface      string
+		nodeCIDRs  []string
+		wantJumps  []string
+		wantMasq   string // the ClusterIP masquerade rule's start
+		wantProblm string
+	}{
+		{"cluster CIDR", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR, "", nil,
+			[]string{"-s 198.19.0.0/16 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", ""},
+		{"unspecified reads as cluster CIDR", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED, "cbr0", []string{"198.19.1.0/24"},
+			[]string{"-s 198.19.0.0/16 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", ""},
+		{"node CIDR", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR, "", []string{"198.19.1.0/24", "2001:2:0:101::/64"},
+			[]string{"-s 198.19.1.0/24 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.1.0/24 ", ""},
+		{"bridge", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, "cbr0", nil,
+			[]string{"-i cbr0 -j VSPLANE-IN-CLUSTER"}, "! -i cbr0 ", ""},
+		{"interface prefix", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX, "veth", nil,
+			[]string{"-i veth+ -j VSPLANE-IN-CLUSTER"}, "! -i veth+ ", ""},
+		{"bad bridge", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, "cbr0 -j ACCEPT", nil,
+			[]string{"-s 198.19.0.0/16 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", "local_interface"},
+		{"unknown mode", vsplanev1.LocalDetectMode(9), "", nil,
+			[]string{"-s 198.19.0.0/16 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", "local_detect_mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mk := memory.New()
+			nodeInterfaces(mk)
+			r := newReconciler(t, mk, Config{})
+			ns := defaultNodeSettings()
+			ns.LocalDetectMode, ns.LocalInterface, ns.NodePodCidrs = tc.mode, tc.iface, tc.nodeCIDRs
+			ack := apply(t, r, full(settingsRes(ns), svcA.resource(), localLBRes("web", "198.18.200.2", 30080, "198.19.2.5")))
+			var msgs []string
+			for _, e := range ack.GetErrors() {
+				msgs = append(msgs, e.GetMessage())
+			}
+			if tc.wantProblm == "" && len(msgs) > 0 || tc.wantProblm != "" && (len(msgs) != 1 || !strings.Contains(msgs[0], tc.wantProblm)) {
+				t.Errorf("NACKs %q, want %q", msgs, tc.wantProblm)
+			}
+			_, jumps := inClusterChain(t, mk)
+			if want := append(tc.wantJumps, "-m addrtype --src-type LOCAL -j VSPLANE-IN-CLUSTER"); !slices.Equal(jumps, want) {
+				t.Errorf("jumps %q, want %q", jumps, want)
+			}
+			b, err := mk.Kernel().IPTables.Save(context.Background(), kernel.FamilyIPv4, kernel.TableNAT)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "-A KUBE-SERVICES " + tc.wantMasq + `-m comment --comment "Kubernetes service cluster ip + port for masquerade purpose"`
+			if !strings.Contains(string(b), want) {
+				t.Errorf("no %q in\n%s", want, b)
+			}
+		})
+	}
+}

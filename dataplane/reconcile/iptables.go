@@ -7,6 +7,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // iptables. The rules depend on every resource at once, so there is one
@@ -36,9 +37,20 @@ func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
 		RandomFully:         p.k.IPTables.Info().RandomFully,
 		ConntrackTCPLiberal: liberal,
 	}
-	for _, c := range s.clusterCIDRs {
-		if kernel.FamilyOf(c.Addr()) == fam {
-			in.ClusterCIDRs = append(in.ClusterCIDRs, c)
+	switch s.localDetect {
+	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE:
+		in.LocalInterface = s.localInterface
+	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX:
+		in.LocalInterface = s.localInterface + "+"
+	default:
+		cidrs := s.clusterCIDRs
+		if s.localDetect == vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR {
+			cidrs = s.nodePodCIDRs
+		}
+		for _, c := range cidrs {
+			if kernel.FamilyOf(c.Addr()) == fam {
+				in.ClusterCIDRs = append(in.ClusterCIDRs, c)
+			}
 		}
 	}
 	for ref := range p.desired.setRefs {
@@ -174,6 +186,6 @@ func (m renderMemo) render(in rules.Input) (rules.Ruleset, []byte, error) {
 func sameRulesInput(a, b rules.Input) bool {
 	return a.Family == b.Family && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
 		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && a.RandomFully == b.RandomFully &&
-		a.ConntrackTCPLiberal == b.ConntrackTCPLiberal && a.NonEmpty == b.NonEmpty &&
+		a.ConntrackTCPLiberal == b.ConntrackTCPLiberal && a.NonEmpty == b.NonEmpty && a.LocalInterface == b.LocalInterface &&
 		slices.Equal(a.LoadBalancerNoNodeAccess, b.LoadBalancerNoNodeAccess) && slices.Equal(a.InClusterMarks, b.InClusterMarks)
 }

@@ -120,6 +120,8 @@ func TestSameRulesInputComparesEveryField(t *testing.T) {
 			changed.NonEmpty = changed.NonEmpty.With(rules.SetClusterIP)
 		case "LoadBalancerNoNodeAccess":
 			changed.LoadBalancerNoNodeAccess = []rules.VirtualPort{{IP: netip.MustParseAddr("198.18.0.1"), Port: 80, Protocol: kernel.ProtocolTCP}}
+		case "LocalInterface":
+			changed.LocalInterface = "cbr0"
 		case "InClusterMarks":
 			changed.InClusterMarks = []rules.InClusterMark{{Dest: rules.VirtualPort{IP: netip.MustParseAddr("198.18.0.1"), Port: 80, Protocol: kernel.ProtocolTCP}, Mark: 0x4001}}
 		default:

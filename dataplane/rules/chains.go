@@ -118,12 +118,15 @@ func (b *builder) dismissLocalhost() {
 // (IPVS looks up fwmark services first) and carries the masquerade bit:
 // the connection may cross nodes, and a node's own connection has the
 // Local address itself as source. Pods are recognised by the cluster
-// CIDRs (none configured: only the node's own connections), the node by
-// the source address type. Only the first packet passes nat, and only it
-// needs the mark: IPVS schedules on it.
+// CIDRs or the interface they arrive on (neither configured: only the
+// node's own connections), the node by the source address type. Only the
+// first packet passes nat, and only it needs the mark: IPVS schedules on it.
 func (b *builder) inClusterRules() {
 	if len(b.in.InClusterMarks) == 0 {
 		return
+	}
+	if b.in.LocalInterface != "" {
+		b.add(kernel.TableNAT, ChainServices, "-i", b.in.LocalInterface, "-j", ChainInCluster)
 	}
 	for _, c := range b.in.ClusterCIDRs {
 		b.add(kernel.TableNAT, ChainServices, "-s", c.Masked().String(), "-j", ChainInCluster)
@@ -200,6 +203,10 @@ func (b *builder) clusterIPRules() {
 	switch {
 	case b.in.MasqueradeAll:
 		b.add(kernel.TableNAT, ChainServices, match, "-j", ChainMarkMasq)
+	case b.in.LocalInterface != "":
+		// kube-proxy's interface detectors (BridgeInterface,
+		// InterfaceNamePrefix); iptables-save prints the interface first.
+		b.add(kernel.TableNAT, ChainServices, "! -i", b.in.LocalInterface, match, "-j", ChainMarkMasq)
 	case len(b.in.ClusterCIDRs) == 1:
 		// kube-proxy writes the source match last; iptables-save prints it first.
 		b.add(kernel.TableNAT, ChainServices, "! -s", b.in.ClusterCIDRs[0].Masked().String(), match, "-j", ChainMarkMasq)

@@ -47,6 +47,9 @@ func fuzzInput(b []byte) Input {
 		}
 		in.ClusterCIDRs = []netip.Prefix{netip.PrefixFrom(addr, int(byteAt()%130))}
 	}
+	if flags&128 != 0 {
+		in.LocalInterface = string(next(int(byteAt() % 20)))
+	}
 	for len(b) > 0 {
 		var a [16]byte
 		copy(a[:], next(16))
@@ -65,6 +68,11 @@ func fuzzInput(b []byte) Input {
 			}
 		}
 		in.LoadBalancerNoNodeAccess = append(in.LoadBalancerNoNodeAccess, vp)
+		if mask[3]&0x80 != 0 {
+			// The same addresses as in-cluster marks (a mark from the port).
+			mark := uint32(1)<<in.MasqueradeBit | uint32(vp.Port)&InClusterMarkMask
+			in.InClusterMarks = append(in.InClusterMarks, InClusterMark{Dest: vp, Mark: mark})
+		}
 	}
 	return in
 }

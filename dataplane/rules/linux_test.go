@@ -117,10 +117,16 @@ func realInputs(fam kernel.Family, randomFully, withNoNodeAccess bool) []rules.I
 		inCluster.InClusterMarks = append(inCluster.InClusterMarks,
 			rules.InClusterMark{Dest: rules.VirtualPort{IP: lbAddr[fam], Port: 80, Protocol: proto}, Mark: 0x4001 + uint32(i)})
 	}
+	// Interface detection (kube-proxy's BridgeInterface, InterfaceNamePrefix).
+	bridge, prefix := inCluster, inCluster
+	bridge.ClusterCIDRs, bridge.LocalInterface = nil, "cbr0"
+	prefix.ClusterCIDRs, prefix.LocalInterface = nil, "veth+"
 	return []rules.Input{
 		all,
 		threeCIDRs,
 		inCluster,
+		bridge,
+		prefix,
 		{Family: fam, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR[fam]}, RandomFully: randomFully,
 			NonEmpty: rules.SetMask(0).With(rules.SetClusterIP).With(rules.SetLoopBack)},
 		masqAll,

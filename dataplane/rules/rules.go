@@ -69,10 +69,15 @@ type Input struct {
 	MasqueradeAll bool
 	// MasqueradeBit is the packet-mark bit requesting SNAT (0..31).
 	MasqueradeBit uint8
-	// ClusterCIDRs of this family for local-traffic detection; none
-	// disables detection (kube-proxy then masquerades by source VIP).
-	// kube-proxy takes one per family; vsplane takes any number.
+	// ClusterCIDRs of this family for local-traffic detection (the cluster
+	// CIDRs, or the node's pod CIDRs in NodeCIDR mode); none, and no
+	// LocalInterface, disables detection (kube-proxy then masquerades by
+	// source VIP). kube-proxy takes one per family; vsplane any number.
 	ClusterCIDRs []netip.Prefix
+	// LocalInterface tells Pod traffic by the interface it arrives on
+	// instead ("-i" syntax: a bridge's name, or a prefix ending in "+");
+	// set, ClusterCIDRs must be empty.
+	LocalInterface string
 	// RandomFully: MASQUERADE supports --random-fully.
 	RandomFully bool
 	// ConntrackTCPLiberal: nf_conntrack_tcp_be_liberal is set, so INVALID
@@ -105,6 +110,15 @@ func (in Input) Validate() error {
 	}
 	if in.MasqueradeBit > 31 {
 		return fmt.Errorf("rules: masquerade bit %d out of range 0..31: %w", in.MasqueradeBit, kernel.ErrInvalid)
+	}
+	if in.LocalInterface != "" {
+		name, prefix := strings.CutSuffix(in.LocalInterface, "+")
+		if err := wire.CheckInterfaceName(name, prefix); err != nil {
+			return fmt.Errorf("rules: local interface %q: %v: %w", in.LocalInterface, err, kernel.ErrInvalid)
+		}
+		if len(in.ClusterCIDRs) > 0 {
+			return fmt.Errorf("rules: local interface %q and cluster CIDRs both set: %w", in.LocalInterface, kernel.ErrInvalid)
+		}
 	}
 	for _, c := range in.ClusterCIDRs {
 		if !c.IsValid() || kernel.FamilyOf(c.Addr().Unmap()) != in.Family {

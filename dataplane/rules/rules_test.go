@@ -76,6 +76,11 @@ func goldenCases() map[string]Input {
 		// No cluster CIDR: only the node's own connections are recognised.
 		"ipv4_in_cluster_no_cidr": {Family: kernel.FamilyIPv4, MasqueradeBit: 15, NonEmpty: allSets,
 			InClusterMarks: []InClusterMark{{VirtualPort{netip.MustParseAddr("198.18.200.2"), 80, kernel.ProtocolTCP}, 0x8001}}},
+		// kube-proxy's interface detectors.
+		"ipv4_bridge": {Family: kernel.FamilyIPv4, MasqueradeBit: 14, LocalInterface: "cbr0", RandomFully: true,
+			NonEmpty: allSets, InClusterMarks: inCluster4[:1]},
+		"ipv6_interface_prefix": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, LocalInterface: "veth+", RandomFully: true,
+			NonEmpty: allSets, InClusterMarks: inCluster6},
 		"ipv4_bit0_no_fully": {Family: kernel.FamilyIPv4, MasqueradeBit: 0, ClusterCIDRs: []netip.Prefix{cluster4}, NonEmpty: both},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,19 +21,22 @@ import (
 
 // TestVMNodeSettings checks the node settings the control plane pushes
 // (NodePort addresses and node settings) on a real kernel: strictARP sysctls, IPVS
-// timeouts, nodePortAddresses limiting where NodePorts answer, and
-// excludeCIDRs protecting foreign virtual servers from the agent's prune.
+// timeouts, nodePortAddresses limiting where NodePorts answer,
+// excludeCIDRs protecting foreign virtual servers from the agent's prune,
+// and detectLocalMode InterfaceNamePrefix telling Pods by their veths.
 func TestVMNodeSettings(t *testing.T) {
 	run := newVMRun(t, 6*time.Minute)
 	ctx := run.ctx
 
 	c := run.startCluster(cluster.Options{
 		Nodes:           1,
-		Pods:            [][]string{{"pod-a"}},
+		Pods:            [][]string{{"pod-a", "pod-b"}},
 		ReconcilePeriod: reconcilePeriod,
 		Translate: translate.Config{
-			StrictARP:  true,
-			TCPTimeout: 900 * time.Second, TCPFinTimeout: 60 * time.Second, UDPTimeout: 120 * time.Second,
+			// The node side of every pod veth is vpN (e2e/vm); no cluster CIDRs.
+			LocalDetect: translate.LocalDetect{Mode: translate.LocalByInterfacePrefix, Interface: "vp"},
+			StrictARP:   true,
+			TCPTimeout:  900 * time.Second, TCPFinTimeout: 60 * time.Second, UDPTimeout: 120 * time.Second,
 			// Only the node network: not the pod gateway 198.19.1.1 on the pod veths.
 			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix(vm.NodeNet)},
 			ExcludeCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.250.0/24")},
@@ -80,6 +84,48 @@ func TestVMNodeSettings(t *testing.T) {
 		}
 		out := e.mustFail(t, e.client, "tcp", hostPort(node.PodGW, np), 2, "1s")
 		t.Logf("client -> %s:%d (not a NodePort address): %q", node.PodGW, np, failLines(out))
+	})
+
+	t.Run("detectLocalMode InterfaceNamePrefix tells Pods by their veths", func(t *testing.T) {
+		// An ETP Local load balancer: a client inside the cluster gets
+		// Cluster semantics (masqueraded through the fwmark server), an
+		// outside one the Local policy (its own address). Which is which is
+		// only told by the interface the connection arrives on: vp2 for
+		// pod-b, the node network for the client.
+		const lb = "198.18.200.9"
+		loc := service("loc", corev1.ServiceTypeLoadBalancer, 80, corev1.ProtocolTCP)
+		loc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		loc = e.setIngress(t, e.create(t, loc), lb)
+		e.slice(t, loc, discoveryv1.AddressTypeIPv4, e.pods(t, false, "pod-a")...)
+		if err := e.client.RouteVia(ctx, lb+"/32", node); err != nil {
+			t.Fatal(err)
+		}
+		// Programmed first: the Local server answers pod-b too until the
+		// in-cluster rules are in.
+		if err := c.AwaitAcked(ctx, converge); err != nil {
+			t.Fatal(err)
+		}
+		podB := c.Pods["pod-b"]
+		for _, tc := range []struct {
+			from *vm.Netns
+			src  string
+		}{{&podB.Netns, node.PodGW}, {e.client, e.client.IP}} {
+			_, out := e.await(t, tc.from, "tcp", hostPort(lb, 80), 4, only("pod-a"))
+			for b, srcs := range peers(out) {
+				if !slices.Equal(srcs, []string{tc.src}) {
+					t.Errorf("%s -> %s: %s saw sources %v, want %s", tc.from.Name, lb, b, srcs, tc.src)
+				}
+			}
+		}
+		nat, err := c.RunInNode(ctx, "node1", "iptables-save -t nat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"-A KUBE-SERVICES -i vp+ -j VSPLANE-IN-CLUSTER", "-A KUBE-SERVICES ! -i vp+ -m comment"} {
+			if !strings.Contains(nat, want) {
+				t.Errorf("no %q in node1's nat table:\n%s", want, nat)
+			}
+		}
 	})
 
 	t.Run("excludeCIDRs keep foreign virtual servers through the prune", func(t *testing.T) {

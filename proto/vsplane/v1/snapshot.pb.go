@@ -450,6 +450,63 @@ func (IPSet) EnumDescriptor() ([]byte, []int) {
 	return file_vsplane_v1_snapshot_proto_rawDescGZIP(), []int{6}
 }
 
+// LocalDetectMode is kube-proxy's --detect-local-mode.
+type LocalDetectMode int32
+
+const (
+	// As CLUSTER_CIDR (settings from before the field existed).
+	LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED           LocalDetectMode = 0
+	LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR          LocalDetectMode = 1
+	LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR             LocalDetectMode = 2
+	LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE      LocalDetectMode = 3
+	LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX LocalDetectMode = 4
+)
+
+// Enum value maps for LocalDetectMode.
+var (
+	LocalDetectMode_name = map[int32]string{
+		0: "LOCAL_DETECT_MODE_UNSPECIFIED",
+		1: "LOCAL_DETECT_MODE_CLUSTER_CIDR",
+		2: "LOCAL_DETECT_MODE_NODE_CIDR",
+		3: "LOCAL_DETECT_MODE_BRIDGE_INTERFACE",
+		4: "LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX",
+	}
+	LocalDetectMode_value = map[string]int32{
+		"LOCAL_DETECT_MODE_UNSPECIFIED":           0,
+		"LOCAL_DETECT_MODE_CLUSTER_CIDR":          1,
+		"LOCAL_DETECT_MODE_NODE_CIDR":             2,
+		"LOCAL_DETECT_MODE_BRIDGE_INTERFACE":      3,
+		"LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX": 4,
+	}
+)
+
+func (x LocalDetectMode) Enum() *LocalDetectMode {
+	p := new(LocalDetectMode)
+	*p = x
+	return p
+}
+
+func (x LocalDetectMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LocalDetectMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_vsplane_v1_snapshot_proto_enumTypes[7].Descriptor()
+}
+
+func (LocalDetectMode) Type() protoreflect.EnumType {
+	return &file_vsplane_v1_snapshot_proto_enumTypes[7]
+}
+
+func (x LocalDetectMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LocalDetectMode.Descriptor instead.
+func (LocalDetectMode) EnumDescriptor() ([]byte, []int) {
+	return file_vsplane_v1_snapshot_proto_rawDescGZIP(), []int{7}
+}
+
 // Resource is one unit of a node's desired state. Names are stable:
 // "service/<namespace>/<name>" for a Service and "node/settings" for the
 // node-wide settings.
@@ -1089,9 +1146,20 @@ type NodeSettings struct {
 	// The Node is being deleted (deletion timestamp set, or tainted
 	// ToBeDeletedByClusterAutoscaler): the agent's /healthz answers 503 with
 	// nodeEligible false, as kube-proxy's does, so load balancers drain it.
-	NodeDeleting  bool `protobuf:"varint,14,opt,name=node_deleting,json=nodeDeleting,proto3" json:"node_deleting,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeDeleting bool `protobuf:"varint,14,opt,name=node_deleting,json=nodeDeleting,proto3" json:"node_deleting,omitempty"`
+	// How the agent tells traffic of Pods (kube-proxy's detectLocalMode):
+	// from cluster_cidrs, from node_pod_cidrs, or by the interface it arrives
+	// on (local_interface). It decides which ClusterIP traffic is
+	// masqueraded and which clients of Local external policy count as
+	// in-cluster.
+	LocalDetectMode LocalDetectMode `protobuf:"varint,15,opt,name=local_detect_mode,json=localDetectMode,proto3,enum=vsplane.v1.LocalDetectMode" json:"local_detect_mode,omitempty"`
+	// NODE_CIDR: the node's spec.podCIDRs.
+	NodePodCidrs []string `protobuf:"bytes,16,rep,name=node_pod_cidrs,json=nodePodCidrs,proto3" json:"node_pod_cidrs,omitempty"`
+	// BRIDGE_INTERFACE: the bridge's name; INTERFACE_NAME_PREFIX: the
+	// prefix of the Pods' host-side interfaces.
+	LocalInterface string `protobuf:"bytes,17,opt,name=local_interface,json=localInterface,proto3" json:"local_interface,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeSettings) Reset() {
@@ -1222,6 +1290,27 @@ func (x *NodeSettings) GetNodeDeleting() bool {
 	return false
 }
 
+func (x *NodeSettings) GetLocalDetectMode() LocalDetectMode {
+	if x != nil {
+		return x.LocalDetectMode
+	}
+	return LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED
+}
+
+func (x *NodeSettings) GetNodePodCidrs() []string {
+	if x != nil {
+		return x.NodePodCidrs
+	}
+	return nil
+}
+
+func (x *NodeSettings) GetLocalInterface() string {
+	if x != nil {
+		return x.LocalInterface
+	}
+	return ""
+}
+
 var File_vsplane_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_vsplane_v1_snapshot_proto_rawDesc = "" +
@@ -1282,7 +1371,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\bprotocol\x18\x05 \x01(\x0e2\x14.vsplane.v1.ProtocolR\bprotocol\x12\x10\n" +
 	"\x03ip2\x18\x06 \x01(\tR\x03ip2\x12\x10\n" +
 	"\x03net\x18\a \x01(\tR\x03net\x12.\n" +
-	"\x13node_port_addresses\x18\b \x01(\bR\x11nodePortAddresses\"\xc7\x04\n" +
+	"\x13node_port_addresses\x18\b \x01(\bR\x11nodePortAddresses\"\xdf\x05\n" +
 	"\fNodeSettings\x12+\n" +
 	"\x11default_scheduler\x18\x01 \x01(\tR\x10defaultScheduler\x12.\n" +
 	"\x13tcp_timeout_seconds\x18\x02 \x01(\rR\x11tcpTimeoutSeconds\x125\n" +
@@ -1299,7 +1388,10 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\bnode_ips\x18\v \x03(\tR\anodeIps\x12\x12\n" +
 	"\x04zone\x18\f \x01(\tR\x04zone\x128\n" +
 	"\x18reconcile_period_seconds\x18\r \x01(\rR\x16reconcilePeriodSeconds\x12#\n" +
-	"\rnode_deleting\x18\x0e \x01(\bR\fnodeDeleting*[\n" +
+	"\rnode_deleting\x18\x0e \x01(\bR\fnodeDeleting\x12G\n" +
+	"\x11local_detect_mode\x18\x0f \x01(\x0e2\x1b.vsplane.v1.LocalDetectModeR\x0flocalDetectMode\x12$\n" +
+	"\x0enode_pod_cidrs\x18\x10 \x03(\tR\fnodePodCidrs\x12'\n" +
+	"\x0flocal_interface\x18\x11 \x01(\tR\x0elocalInterface*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
@@ -1352,7 +1444,13 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\x1aIP_SET_NODE_PORT_SCTP_HASH\x10\x0e\x12$\n" +
 	" IP_SET_NODE_PORT_LOCAL_SCTP_HASH\x10\x0f\x12!\n" +
 	"\x1dIP_SET_HEALTH_CHECK_NODE_PORT\x10\x10\x12\x13\n" +
-	"\x0fIP_SET_IPVS_IPS\x10\x11B7Z5github.com/vsplane/vsplane/proto/vsplane/v1;vsplanev1b\x06proto3"
+	"\x0fIP_SET_IPVS_IPS\x10\x11*\xce\x01\n" +
+	"\x0fLocalDetectMode\x12!\n" +
+	"\x1dLOCAL_DETECT_MODE_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eLOCAL_DETECT_MODE_CLUSTER_CIDR\x10\x01\x12\x1f\n" +
+	"\x1bLOCAL_DETECT_MODE_NODE_CIDR\x10\x02\x12&\n" +
+	"\"LOCAL_DETECT_MODE_BRIDGE_INTERFACE\x10\x03\x12+\n" +
+	"'LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX\x10\x04B7Z5github.com/vsplane/vsplane/proto/vsplane/v1;vsplanev1b\x06proto3"
 
 var (
 	file_vsplane_v1_snapshot_proto_rawDescOnce sync.Once
@@ -1366,7 +1464,7 @@ func file_vsplane_v1_snapshot_proto_rawDescGZIP() []byte {
 	return file_vsplane_v1_snapshot_proto_rawDescData
 }
 
-var file_vsplane_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_vsplane_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_vsplane_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_vsplane_v1_snapshot_proto_goTypes = []any{
 	(Protocol)(0),          // 0: vsplane.v1.Protocol
@@ -1376,34 +1474,36 @@ var file_vsplane_v1_snapshot_proto_goTypes = []any{
 	(VirtualServerFlag)(0), // 4: vsplane.v1.VirtualServerFlag
 	(TrafficPolicy)(0),     // 5: vsplane.v1.TrafficPolicy
 	(IPSet)(0),             // 6: vsplane.v1.IPSet
-	(*Resource)(nil),       // 7: vsplane.v1.Resource
-	(*ServiceState)(nil),   // 8: vsplane.v1.ServiceState
-	(*VirtualServer)(nil),  // 9: vsplane.v1.VirtualServer
-	(*RealServer)(nil),     // 10: vsplane.v1.RealServer
-	(*IPSetEntry)(nil),     // 11: vsplane.v1.IPSetEntry
-	(*NodeSettings)(nil),   // 12: vsplane.v1.NodeSettings
+	(LocalDetectMode)(0),   // 7: vsplane.v1.LocalDetectMode
+	(*Resource)(nil),       // 8: vsplane.v1.Resource
+	(*ServiceState)(nil),   // 9: vsplane.v1.ServiceState
+	(*VirtualServer)(nil),  // 10: vsplane.v1.VirtualServer
+	(*RealServer)(nil),     // 11: vsplane.v1.RealServer
+	(*IPSetEntry)(nil),     // 12: vsplane.v1.IPSetEntry
+	(*NodeSettings)(nil),   // 13: vsplane.v1.NodeSettings
 }
 var file_vsplane_v1_snapshot_proto_depIdxs = []int32{
-	8,  // 0: vsplane.v1.Resource.service:type_name -> vsplane.v1.ServiceState
-	12, // 1: vsplane.v1.Resource.node_settings:type_name -> vsplane.v1.NodeSettings
-	9,  // 2: vsplane.v1.ServiceState.virtual_servers:type_name -> vsplane.v1.VirtualServer
-	11, // 3: vsplane.v1.ServiceState.ipset_entries:type_name -> vsplane.v1.IPSetEntry
+	9,  // 0: vsplane.v1.Resource.service:type_name -> vsplane.v1.ServiceState
+	13, // 1: vsplane.v1.Resource.node_settings:type_name -> vsplane.v1.NodeSettings
+	10, // 2: vsplane.v1.ServiceState.virtual_servers:type_name -> vsplane.v1.VirtualServer
+	12, // 3: vsplane.v1.ServiceState.ipset_entries:type_name -> vsplane.v1.IPSetEntry
 	2,  // 4: vsplane.v1.VirtualServer.kind:type_name -> vsplane.v1.VirtualServerKind
 	1,  // 5: vsplane.v1.VirtualServer.family:type_name -> vsplane.v1.IPFamily
 	0,  // 6: vsplane.v1.VirtualServer.protocol:type_name -> vsplane.v1.Protocol
 	4,  // 7: vsplane.v1.VirtualServer.flags:type_name -> vsplane.v1.VirtualServerFlag
 	3,  // 8: vsplane.v1.VirtualServer.binding:type_name -> vsplane.v1.AddressBinding
-	10, // 9: vsplane.v1.VirtualServer.real_servers:type_name -> vsplane.v1.RealServer
+	11, // 9: vsplane.v1.VirtualServer.real_servers:type_name -> vsplane.v1.RealServer
 	5,  // 10: vsplane.v1.VirtualServer.traffic_policy:type_name -> vsplane.v1.TrafficPolicy
-	10, // 11: vsplane.v1.VirtualServer.in_cluster_real_servers:type_name -> vsplane.v1.RealServer
+	11, // 11: vsplane.v1.VirtualServer.in_cluster_real_servers:type_name -> vsplane.v1.RealServer
 	6,  // 12: vsplane.v1.IPSetEntry.set:type_name -> vsplane.v1.IPSet
 	1,  // 13: vsplane.v1.IPSetEntry.family:type_name -> vsplane.v1.IPFamily
 	0,  // 14: vsplane.v1.IPSetEntry.protocol:type_name -> vsplane.v1.Protocol
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 15: vsplane.v1.NodeSettings.local_detect_mode:type_name -> vsplane.v1.LocalDetectMode
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_snapshot_proto_init() }
@@ -1420,7 +1520,7 @@ func file_vsplane_v1_snapshot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_snapshot_proto_rawDesc), len(file_vsplane_v1_snapshot_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
