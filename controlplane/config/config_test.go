@@ -126,6 +126,12 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"interfaceNamePrefix too long", func(c *config.VsplaneConfiguration) {
 			c.DetectLocalMode, c.DetectLocal.InterfaceNamePrefix = "InterfaceNamePrefix", "123456789012345"
 		}, `detectLocal.interfaceNamePrefix "123456789012345": longer than 14 bytes (detectLocalMode InterfaceNamePrefix)`},
+		{"conntrack.maxPerCore", func(c *config.VsplaneConfiguration) { c.Conntrack.MaxPerCore = -1 }, `conntrack.maxPerCore -1: must be >= 0`},
+		{"conntrack.min", func(c *config.VsplaneConfiguration) { c.Conntrack.Min = -5 }, `conntrack.min -5: must be >= 0`},
+		{"conntrack.udpTimeout", func(c *config.VsplaneConfiguration) { c.Conntrack.UDPTimeout = dur(-time.Second) }, `conntrack.udpTimeout "-1s": must be >= 0`},
+		{"conntrack.tcpEstablishedTimeout too big", func(c *config.VsplaneConfiguration) {
+			c.Conntrack.TCPEstablishedTimeout = dur(1 << 32 * time.Second)
+		}, `conntrack.tcpEstablishedTimeout "1193046h28m16s": must be <= 596523h14m7s`},
 		{"masqueradeBit", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 32 }, `masqueradeBit 32: must be 1..31`},
 		{"masqueradeBit 0", func(c *config.VsplaneConfiguration) { c.MasqueradeBit = 0 }, `masqueradeBit 0: must be 1..31`},
 		{"agentReconcilePeriod", func(c *config.VsplaneConfiguration) { c.AgentReconcilePeriod = dur(-time.Minute) }, `agentReconcilePeriod "-1m0s": must be >= 0`},
@@ -165,6 +171,10 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 	}
 }
 
+// kubeProxyConntrackDefaults are kube-proxy v1.37's conntrack defaults.
+var kubeProxyConntrackDefaults = config.ConntrackConfiguration{MaxPerCore: 32768, Min: 131072,
+	TCPEstablishedTimeout: dur(24 * time.Hour), TCPCloseWaitTimeout: dur(time.Hour)}
+
 func TestKubeProxyConfigurationMapping(t *testing.T) {
 	data, err := os.ReadFile("testdata/kube-proxy-configmap.yaml")
 	if err != nil {
@@ -180,6 +190,7 @@ func TestKubeProxyConfigurationMapping(t *testing.T) {
 	want.MasqueradeAll, want.MasqueradeBit = true, 12
 	want.ClusterCIDRs = []string{"198.18.0.0/16", "fd00:198:18::/56"}
 	want.NodePortAddresses = []string{"198.19.0.0/24"}
+	want.Conntrack = kubeProxyConntrackDefaults // the file's conntrack fields are null or 0
 	if diff := cmp.Diff(want, l.Config); diff != "" {
 		t.Errorf("mapping (-want +got):\n%s", diff)
 	}
@@ -203,11 +214,29 @@ func TestKubeProxyConfigurationMapping(t *testing.T) {
 	}
 	want = config.Defaults()
 	want.MasqueradeAll = true
+	want.Conntrack = kubeProxyConntrackDefaults
 	if diff := cmp.Diff(want, l.Config); diff != "" {
 		t.Errorf("minimal (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]string{"KubeProxyConfiguration: fields not supported by vsplane, ignored: featureGates.Foo"}, l.Warnings); diff != "" {
 		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+
+	// conntrack: what is set is kept, 0 included; what is left out takes
+	// kube-proxy's default.
+	l, err = config.Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" +
+		"conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 20s, tcpBeLiberal: true, udpTimeout: 30s, udpStreamTimeout: 2m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCT := config.ConntrackConfiguration{Min: 131072, TCPEstablishedTimeout: dur(24 * time.Hour), TCPCloseWaitTimeout: dur(20 * time.Second),
+		TCPBeLiberal: true, UDPTimeout: dur(30 * time.Second), UDPStreamTimeout: dur(2 * time.Minute)}
+	if diff := cmp.Diff(wantCT, l.Config.Conntrack); diff != "" || len(l.Warnings) != 0 {
+		t.Errorf("conntrack (-want +got):\n%s\nwarnings %q", diff, l.Warnings)
+	}
+	if got := l.Config.Translate().Conntrack; got != (translate.Conntrack{Min: 131072, TCPEstablishedTimeout: 24 * time.Hour,
+		TCPCloseWaitTimeout: 20 * time.Second, TCPBeLiberal: true, UDPTimeout: 30 * time.Second, UDPStreamTimeout: 2 * time.Minute}) {
+		t.Errorf("conntrack translated to %+v", got)
 	}
 
 	// detectLocalMode and detectLocal map (no warning), and reach the

@@ -36,6 +36,48 @@ type KubeProxyConfiguration struct {
 	NodePortAddresses []string                 `json:"nodePortAddresses"`
 	DetectLocalMode   string                   `json:"detectLocalMode"`
 	DetectLocal       DetectLocalConfiguration `json:"detectLocal"`
+	Conntrack         kubeProxyConntrack       `json:"conntrack"`
+}
+
+// kubeProxyConntrack is kube-proxy's conntrack; nil fields take kube-proxy's
+// defaults (SetDefaults_KubeProxyConfiguration).
+type kubeProxyConntrack struct {
+	MaxPerCore            *int32           `json:"maxPerCore"`
+	Min                   *int32           `json:"min"`
+	TCPEstablishedTimeout *metav1.Duration `json:"tcpEstablishedTimeout"`
+	TCPCloseWaitTimeout   *metav1.Duration `json:"tcpCloseWaitTimeout"`
+	TCPBeLiberal          bool             `json:"tcpBeLiberal"`
+	UDPTimeout            metav1.Duration  `json:"udpTimeout"`
+	UDPStreamTimeout      metav1.Duration  `json:"udpStreamTimeout"`
+}
+
+// kube-proxy's conntrack defaults (v1.37).
+const (
+	kubeProxyConntrackMaxPerCore = 32 * 1024
+	kubeProxyConntrackMin        = 128 * 1024
+	kubeProxyTCPEstablished      = 24 * time.Hour
+	kubeProxyTCPCloseWait        = time.Hour
+)
+
+// conntrack maps ct with kube-proxy's defaults for what it leaves out.
+func (ct kubeProxyConntrack) conntrack() ConntrackConfiguration {
+	out := ConntrackConfiguration{MaxPerCore: kubeProxyConntrackMaxPerCore, Min: kubeProxyConntrackMin,
+		TCPEstablishedTimeout: metav1.Duration{Duration: kubeProxyTCPEstablished},
+		TCPCloseWaitTimeout:   metav1.Duration{Duration: kubeProxyTCPCloseWait},
+		TCPBeLiberal:          ct.TCPBeLiberal, UDPTimeout: ct.UDPTimeout, UDPStreamTimeout: ct.UDPStreamTimeout}
+	if ct.MaxPerCore != nil {
+		out.MaxPerCore = *ct.MaxPerCore
+	}
+	if ct.Min != nil {
+		out.Min = *ct.Min
+	}
+	if ct.TCPEstablishedTimeout != nil {
+		out.TCPEstablishedTimeout = *ct.TCPEstablishedTimeout
+	}
+	if ct.TCPCloseWaitTimeout != nil {
+		out.TCPCloseWaitTimeout = *ct.TCPCloseWaitTimeout
+	}
+	return out
 }
 
 type kubeProxyIPVSConfiguration struct {
@@ -55,6 +97,8 @@ var kubeProxySupported = []string{
 	"ipvs.scheduler", "ipvs.excludeCIDRs", "ipvs.strictARP", "ipvs.tcpTimeout", "ipvs.tcpFinTimeout", "ipvs.udpTimeout",
 	"iptables.masqueradeAll", "iptables.masqueradeBit", "masqueradeAll", "linux.masqueradeAll",
 	"clusterCIDR", "nodePortAddresses", "detectLocalMode", "detectLocal.bridgeInterface", "detectLocal.interfaceNamePrefix",
+	"conntrack.maxPerCore", "conntrack.min", "conntrack.tcpEstablishedTimeout", "conntrack.tcpCloseWaitTimeout",
+	"conntrack.tcpBeLiberal", "conntrack.udpTimeout", "conntrack.udpStreamTimeout",
 }
 
 // toVsplane maps kp's IPVS-mode settings onto the defaults. The process
@@ -82,6 +126,7 @@ func (kp *KubeProxyConfiguration) toVsplane() (VsplaneConfiguration, error) {
 	}
 	c.NodePortAddresses = slices.Clone(kp.NodePortAddresses)
 	c.DetectLocalMode, c.DetectLocal = kp.DetectLocalMode, kp.DetectLocal
+	c.Conntrack = kp.Conntrack.conntrack()
 	return c, nil
 }
 

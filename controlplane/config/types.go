@@ -60,6 +60,9 @@ type VsplaneConfiguration struct {
 	DetectLocalMode string `json:"detectLocalMode"`
 	// DetectLocal names the interface of the interface modes.
 	DetectLocal DetectLocalConfiguration `json:"detectLocal"`
+	// Conntrack: connection-tracking settings every agent applies, as
+	// kube-proxy's conntrack. Default: all 0, the kernel's values stay.
+	Conntrack ConntrackConfiguration `json:"conntrack"`
 	// NodePortAddresses select the node addresses NodePorts are served on.
 	// Default none: every node address.
 	NodePortAddresses []string `json:"nodePortAddresses"`
@@ -70,6 +73,23 @@ type VsplaneConfiguration struct {
 	// ControlPlane holds the process settings, read at start: a change
 	// needs a restart.
 	ControlPlane ControlPlaneConfiguration `json:"controlPlane"`
+}
+
+// ConntrackConfiguration is kube-proxy's conntrack configuration; a zero
+// value leaves the kernel's setting.
+type ConntrackConfiguration struct {
+	// MaxPerCore: nf_conntrack_max is MaxPerCore x the node's CPUs, at
+	// least Min (host-wide; the table's hashsize is raised to a quarter).
+	MaxPerCore int32 `json:"maxPerCore"`
+	Min        int32 `json:"min"`
+	// TCPEstablishedTimeout, TCPCloseWaitTimeout, UDPTimeout and
+	// UDPStreamTimeout set nf_conntrack_*_timeout* (whole seconds).
+	TCPEstablishedTimeout metav1.Duration `json:"tcpEstablishedTimeout"`
+	TCPCloseWaitTimeout   metav1.Duration `json:"tcpCloseWaitTimeout"`
+	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal=1.
+	TCPBeLiberal     bool            `json:"tcpBeLiberal"`
+	UDPTimeout       metav1.Duration `json:"udpTimeout"`
+	UDPStreamTimeout metav1.Duration `json:"udpStreamTimeout"`
 }
 
 // DetectLocalConfiguration is kube-proxy's detectLocal.
@@ -191,6 +211,11 @@ func (c *VsplaneConfiguration) Translate() translate.Config {
 		NodePortPrimary:   slices.Contains(trimmed(c.NodePortAddresses), NodePortPrimary),
 		ReconcilePeriod:   c.AgentReconcilePeriod.Duration,
 		LocalDetect:       c.localDetect(),
+		Conntrack: translate.Conntrack{
+			MaxPerCore: uint32(max(c.Conntrack.MaxPerCore, 0)), Min: uint32(max(c.Conntrack.Min, 0)),
+			TCPEstablishedTimeout: c.Conntrack.TCPEstablishedTimeout.Duration, TCPCloseWaitTimeout: c.Conntrack.TCPCloseWaitTimeout.Duration,
+			TCPBeLiberal: c.Conntrack.TCPBeLiberal, UDPTimeout: c.Conntrack.UDPTimeout.Duration, UDPStreamTimeout: c.Conntrack.UDPStreamTimeout.Duration,
+		},
 	}.WithDefaults()
 }
 

@@ -19,6 +19,9 @@ import (
 // accepts: (2^31-1) ms in seconds).
 const maxIPVSTimeout = (1<<31 - 1) / 1000 * time.Second
 
+// maxSysctlSeconds is the longest conntrack timeout a sysctl holds.
+const maxSysctlSeconds = (1<<31 - 1) * time.Second
+
 // Validate checks c and returns every problem found, each naming the field
 // path and its value: `ipvs.scheduler "foo": not a known IPVS scheduler`.
 func (c *VsplaneConfiguration) Validate() error {
@@ -60,6 +63,26 @@ func (c *VsplaneConfiguration) Validate() error {
 			if _, err := netip.ParsePrefix(s); err != nil {
 				bad(path, s, "not a CIDR or one of the keywords %s", strings.Join(NodePortKeywords, ", "))
 			}
+		}
+	}
+	for _, n := range []struct {
+		path string
+		v    int32
+	}{{"conntrack.maxPerCore", c.Conntrack.MaxPerCore}, {"conntrack.min", c.Conntrack.Min}} {
+		if n.v < 0 {
+			bad(n.path, n.v, "must be >= 0 (0 leaves the kernel's value)")
+		}
+	}
+	for _, t := range []struct {
+		path string
+		d    metav1.Duration
+	}{{"conntrack.tcpEstablishedTimeout", c.Conntrack.TCPEstablishedTimeout}, {"conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout},
+		{"conntrack.udpTimeout", c.Conntrack.UDPTimeout}, {"conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout}} {
+		switch {
+		case t.d.Duration < 0:
+			bad(t.path, t.d.Duration, "must be >= 0 (0 leaves the kernel's value)")
+		case t.d.Duration > maxSysctlSeconds:
+			bad(t.path, t.d.Duration, "must be <= %v (a sysctl's int)", maxSysctlSeconds)
 		}
 	}
 	switch m := c.DetectLocalMode; m {

@@ -40,6 +40,17 @@ type Config struct {
 	// LocalDetect is how agents tell Pod traffic (kube-proxy's
 	// detectLocalMode); the zero value detects by ClusterCIDRs.
 	LocalDetect LocalDetect
+	// Conntrack is kube-proxy's conntrack configuration (zero: leave).
+	Conntrack Conntrack
+}
+
+// Conntrack is kube-proxy's conntrack configuration; zero values leave the
+// kernel's settings.
+type Conntrack struct {
+	MaxPerCore, Min                            uint32
+	TCPEstablishedTimeout, TCPCloseWaitTimeout time.Duration
+	TCPBeLiberal                               bool
+	UDPTimeout, UDPStreamTimeout               time.Duration
 }
 
 // LocalDetect is kube-proxy's detectLocalMode with its interface.
@@ -102,6 +113,11 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 		ReconcilePeriodSeconds: seconds(cfg.ReconcilePeriod),
 		NodeDeleting:           node.Deleting,
 		LocalDetectMode:        cfg.LocalDetect.Mode.wire(),
+	}
+	if ct := cfg.Conntrack; ct != (Conntrack{}) {
+		ns.Conntrack = &vsplanev1.ConntrackSettings{MaxPerCore: ct.MaxPerCore, Min: ct.Min,
+			TcpEstablishedTimeoutSeconds: seconds(ct.TCPEstablishedTimeout), TcpCloseWaitTimeoutSeconds: seconds(ct.TCPCloseWaitTimeout),
+			TcpBeLiberal: ct.TCPBeLiberal, UdpTimeoutSeconds: seconds(ct.UDPTimeout), UdpStreamTimeoutSeconds: seconds(ct.UDPStreamTimeout)}
 	}
 	switch cfg.LocalDetect.Mode {
 	case LocalByNodeCIDR:

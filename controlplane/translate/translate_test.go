@@ -284,6 +284,16 @@ func TestNodeSettings(t *testing.T) {
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("NodeSettings (-want +got):\n%s", diff)
 	}
+	// Conntrack: sent when anything is set, in whole seconds.
+	if s := NodeSettings(n, Config{}); s.Conntrack != nil {
+		t.Errorf("conntrack sent unset: %v", s.Conntrack)
+	}
+	ct := NodeSettings(n, Config{Conntrack: Conntrack{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: 24 * time.Hour,
+		TCPCloseWaitTimeout: time.Hour, TCPBeLiberal: true, UDPTimeout: 1500 * time.Millisecond, UDPStreamTimeout: 2 * time.Minute}}).Conntrack
+	if diff := cmp.Diff(&pb.ConntrackSettings{MaxPerCore: 32768, Min: 131072, TcpEstablishedTimeoutSeconds: 86400, TcpCloseWaitTimeoutSeconds: 3600,
+		TcpBeLiberal: true, UdpTimeoutSeconds: 2, UdpStreamTimeoutSeconds: 120}, ct, protocmp.Transform()); diff != "" {
+		t.Errorf("conntrack (-want +got):\n%s", diff)
+	}
 	// Local-traffic detection: the node's pod CIDRs go only with NodeCIDR,
 	// the interface only with the interface modes.
 	for _, tc := range []struct {

@@ -18,6 +18,14 @@ const (
 	SysctlBridgeNFCallIPTables  = "net/bridge/bridge-nf-call-iptables"
 	SysctlIPv6ConfAllForwarding = "net/ipv6/conf/all/forwarding"
 	SysctlRouteLocalnetAll      = "net/ipv4/conf/all/route_localnet"
+	// Connection tracking (kube-proxy's conntrack settings). nf_conntrack_max
+	// is host-wide: read-only outside the host's network namespace.
+	SysctlConntrackMax                   = "net/netfilter/nf_conntrack_max"
+	SysctlConntrackTCPTimeoutEstablished = "net/netfilter/nf_conntrack_tcp_timeout_established"
+	SysctlConntrackTCPTimeoutCloseWait   = "net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+	SysctlConntrackTCPBeLiberal          = "net/netfilter/nf_conntrack_tcp_be_liberal"
+	SysctlConntrackUDPTimeout            = "net/netfilter/nf_conntrack_udp_timeout"
+	SysctlConntrackUDPTimeoutStream      = "net/netfilter/nf_conntrack_udp_timeout_stream"
 )
 
 // ValidateSysctlName accepts slash-separated names ("net/ipv4/ip_forward")
@@ -83,9 +91,15 @@ func (v KernelVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.Major,
 //   - Set then Get returns the value set.
 //   - Bad names (see ValidateSysctlName): ErrInvalid.
 //   - KernelVersion reads kernel/osrelease.
+//   - ConntrackHashsize reads the conntrack table's bucket count (the
+//     nf_conntrack module's hashsize parameter): positive, or ErrNotFound
+//     without the module. SetConntrackHashsize writes it; it is host-wide,
+//     and the kernel refuses it outside the host's network namespace.
 //   - Safe for concurrent use.
 type Sysctl interface {
 	Get(name string) (int, error)
 	Set(name string, value int) error
 	KernelVersion() (KernelVersion, error)
+	ConntrackHashsize() (int, error)
+	SetConntrackHashsize(buckets int) error
 }

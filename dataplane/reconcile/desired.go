@@ -120,6 +120,14 @@ func (d desiredVS) kernelVS(defaultScheduler string) kernel.VirtualServer {
 	return vs.Normalize()
 }
 
+// conntrackSettings are the compiled conntrack settings (0: leave).
+type conntrackSettings struct {
+	maxPerCore, min              int
+	tcpEstablished, tcpCloseWait int // seconds
+	tcpBeLiberal                 bool
+	udp, udpStream               int // seconds
+}
+
 // settings is the compiled node/settings resource.
 type settings struct {
 	defaultScheduler string
@@ -134,6 +142,7 @@ type settings struct {
 	localDetect    vsplanev1.LocalDetectMode
 	nodePodCIDRs   []netip.Prefix
 	localInterface string
+	conntrack      conntrackSettings
 	excludeCIDRs   []netip.Prefix
 	// nodePortCIDRs select the NodePort addresses (empty: all).
 	nodePortCIDRs   []netip.Prefix
@@ -300,7 +309,31 @@ func (c *compiler) compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings
 		s.reconcilePeriod = p
 	}
 	s.nodeDeleting = ns.GetNodeDeleting()
+	s.conntrack = compileConntrack(rs, ns.GetConntrack())
 	return s
+}
+
+// maxSysctlInt is the largest value an int sysctl holds.
+const maxSysctlInt = 1<<31 - 1
+
+// compileConntrack checks ct's values against what the sysctls hold; an
+// out-of-range one is reported and left at 0 (the kernel's value stays).
+func compileConntrack(rs *resourceState, ct *vsplanev1.ConntrackSettings) conntrackSettings {
+	field := func(name string, v uint32) int {
+		if v > maxSysctlInt {
+			rs.problem("%v", bad("conntrack."+name, v, "out of range 0..%d (a sysctl's int); left unchanged", maxSysctlInt))
+			return 0
+		}
+		return int(v)
+	}
+	return conntrackSettings{
+		maxPerCore: field("max_per_core", ct.GetMaxPerCore()), min: field("min", ct.GetMin()),
+		tcpEstablished: field("tcp_established_timeout_seconds", ct.GetTcpEstablishedTimeoutSeconds()),
+		tcpCloseWait:   field("tcp_close_wait_timeout_seconds", ct.GetTcpCloseWaitTimeoutSeconds()),
+		tcpBeLiberal:   ct.GetTcpBeLiberal(),
+		udp:            field("udp_timeout_seconds", ct.GetUdpTimeoutSeconds()),
+		udpStream:      field("udp_stream_timeout_seconds", ct.GetUdpStreamTimeoutSeconds()),
+	}
 }
 
 func parsePrefixes(rs *resourceState, field string, in []string) []netip.Prefix {

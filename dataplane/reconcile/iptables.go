@@ -25,8 +25,6 @@ import (
 //     (none in a full reconcile: an error no resource owns) and leaves
 //     known.rules unset, so the next pass compares again.
 
-const sysctlConntrackTCPLiberal = "net/netfilter/nf_conntrack_tcp_be_liberal"
-
 // rulesInput is what the renderer needs of the desired state for fam.
 func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
 	s := p.s
@@ -86,7 +84,7 @@ func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
 // blamed on names (nil: no resource).
 func (p *pass) syncIPTables(verify bool, names []string) {
 	liberal := false
-	if v, err := p.k.Sysctl.Get(sysctlConntrackTCPLiberal); err == nil {
+	if v, err := p.k.Sysctl.Get(kernel.SysctlConntrackTCPBeLiberal); err == nil {
 		liberal = v != 0
 	}
 	for _, fam := range p.families {

@@ -53,6 +53,7 @@ type pass struct {
 
 	desired   *store          // read only
 	marks     *inClusterMarks // read only: which fwmark servers are ours
+	numCPU    int             // scales the conntrack table
 	admission *setAdmission   // read only
 	known     *knownKernel    // updated as writes succeed
 	drains    *drainSet       // updated by removeDestination
@@ -89,7 +90,7 @@ type pass struct {
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {
 	return &pass{ctx: ctx, k: r.k, log: r.log, families: r.families, now: r.cfg.Now, s: r.desired.settings(),
-		desired: r.desired, marks: r.marks, admission: &r.admission, known: &r.known, drains: &r.drains, rendered: r.rendered,
+		desired: r.desired, marks: r.marks, numCPU: r.cfg.NumCPU, admission: &r.admission, known: &r.known, drains: &r.drains, rendered: r.rendered,
 		ops: map[string]uint32{}, errs: map[string][]string{}}
 }
 

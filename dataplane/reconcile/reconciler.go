@@ -45,6 +45,7 @@ package reconcile
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -81,6 +82,10 @@ type Config struct {
 	// at each Apply while that read fails (names are then only checked
 	// for shape).
 	Schedulers []string
+
+	// NumCPU scales the conntrack table (nf_conntrack_max = max_per_core x
+	// NumCPU, at least min); default runtime.NumCPU().
+	NumCPU int
 
 	// maxElem overrides the hash sets' maxelem in the admission (tests).
 	maxElem uint32
@@ -124,6 +129,9 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	}
 	if cfg.Period < 0 || cfg.RetryBase < 0 || cfg.RetryMax < 0 || cfg.DrainCheckInterval < 0 || cfg.MaxDrain < 0 {
 		return nil, errors.New("reconcile: negative durations")
+	}
+	if cfg.NumCPU <= 0 {
+		cfg.NumCPU = runtime.NumCPU()
 	}
 	if cfg.DrainCheckInterval == 0 {
 		cfg.DrainCheckInterval = 5 * time.Second

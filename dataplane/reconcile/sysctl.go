@@ -57,6 +57,68 @@ func (p *pass) syncNodeSettings() {
 		}
 	}
 	p.syncTimeouts(names)
+	p.syncConntrack(names)
+}
+
+// syncConntrack applies the conntrack settings as kube-proxy's
+// setupConntrack does: nf_conntrack_max = max(max_per_core x CPUs, min)
+// when max_per_core is set, the table's hashsize raised to a quarter of it
+// (never lowered), the timeouts that are set, and tcp_be_liberal=1 when
+// asked (never back to 0). Each is written only when it differs; a write
+// the kernel refuses fails node/settings with its message, the others
+// still apply.
+func (p *pass) syncConntrack(names []string) {
+	ct := p.s.conntrack
+	sc := p.k.Sysctl
+	set := func(name string, val int) bool {
+		cur, err := sc.Get(name)
+		if err != nil {
+			p.fail(names, "sysctl "+name, err)
+			return false
+		}
+		if cur == val {
+			return true
+		}
+		p.count(OpSysctl)
+		if err := sc.Set(name, val); err != nil {
+			hint := ""
+			if name == kernel.SysctlConntrackMax {
+				hint = " (host-wide: writable only from the host's network namespace)"
+			}
+			p.fail(names, fmt.Sprintf("sysctl %s=%d%s", name, val, hint), err)
+			return false
+		}
+		return true
+	}
+	if ct.maxPerCore > 0 {
+		limit := min(max(ct.maxPerCore*p.numCPU, ct.min), maxSysctlInt)
+		if set(kernel.SysctlConntrackMax, limit) {
+			if buckets, err := sc.ConntrackHashsize(); err != nil {
+				p.fail(names, "read conntrack hashsize", err)
+			} else if buckets < limit/4 {
+				p.count(OpSysctl)
+				if err := sc.SetConntrackHashsize(limit / 4); err != nil {
+					p.fail(names, fmt.Sprintf("conntrack hashsize=%d", limit/4), err)
+				}
+			}
+		}
+	}
+	for _, t := range []struct {
+		name string
+		val  int
+	}{
+		{kernel.SysctlConntrackTCPTimeoutEstablished, ct.tcpEstablished},
+		{kernel.SysctlConntrackTCPTimeoutCloseWait, ct.tcpCloseWait},
+		{kernel.SysctlConntrackUDPTimeout, ct.udp},
+		{kernel.SysctlConntrackUDPTimeoutStream, ct.udpStream},
+	} {
+		if t.val > 0 {
+			set(t.name, t.val)
+		}
+	}
+	if ct.tcpBeLiberal {
+		set(kernel.SysctlConntrackTCPBeLiberal, 1)
+	}
 }
 
 // syncTimeouts sets the IPVS timeouts the settings name (non-zero) that

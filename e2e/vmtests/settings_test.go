@@ -23,7 +23,8 @@ import (
 // (NodePort addresses and node settings) on a real kernel: strictARP sysctls, IPVS
 // timeouts, nodePortAddresses limiting where NodePorts answer,
 // excludeCIDRs protecting foreign virtual servers from the agent's prune,
-// and detectLocalMode InterfaceNamePrefix telling Pods by their veths.
+// the per-namespace conntrack settings, and detectLocalMode
+// InterfaceNamePrefix telling Pods by their veths.
 func TestVMNodeSettings(t *testing.T) {
 	run := newVMRun(t, 6*time.Minute)
 	ctx := run.ctx
@@ -40,6 +41,10 @@ func TestVMNodeSettings(t *testing.T) {
 			// Only the node network: not the pod gateway 198.19.1.1 on the pod veths.
 			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix(vm.NodeNet)},
 			ExcludeCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.250.0/24")},
+			// The per-namespace conntrack sysctls (nf_conntrack_max and the
+			// hashsize are host-wide: read-only in a node's namespace).
+			Conntrack: translate.Conntrack{TCPEstablishedTimeout: 2 * time.Hour, TCPCloseWaitTimeout: 30 * time.Minute,
+				TCPBeLiberal: true, UDPTimeout: 45 * time.Second, UDPStreamTimeout: 150 * time.Second},
 		},
 		Log: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
 	})
@@ -63,6 +68,21 @@ func TestVMNodeSettings(t *testing.T) {
 			}
 			if !strings.Contains(out, "Timeout (tcp tcpfin udp): 900 60 120") {
 				return fmt.Errorf("want IPVS timeouts 900 60 120, have:\n%s", out)
+			}
+			return nil
+		})
+	})
+
+	t.Run("conntrack timeouts and tcp_be_liberal", func(t *testing.T) {
+		const want = "7200 1800 1 45 150"
+		mustAwait(t, ctx, func(ctx context.Context) error {
+			out, err := c.RunInNode(ctx, "node1", "cd /proc/sys/net/netfilter && cat nf_conntrack_tcp_timeout_established "+
+				"nf_conntrack_tcp_timeout_close_wait nf_conntrack_tcp_be_liberal nf_conntrack_udp_timeout nf_conntrack_udp_timeout_stream")
+			if err != nil {
+				return err
+			}
+			if got := strings.Join(strings.Fields(out), " "); got != want {
+				return fmt.Errorf("conntrack established, close_wait, be_liberal, udp, udp_stream: %s, want %s", got, want)
 			}
 			return nil
 		})

@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
@@ -45,6 +46,19 @@ func RunSysctl(t *testing.T, newSysctl func(t *testing.T) kernel.Sysctl) {
 			wantErr(t, err, kernel.ErrInvalid, "get "+name)
 			wantErr(t, s.Set(name, 1), kernel.ErrInvalid, "set "+name)
 		}
+	})
+
+	t.Run("ConntrackHashsize", func(t *testing.T) {
+		s := newSysctl(t)
+		v, err := s.ConntrackHashsize()
+		if errors.Is(err, kernel.ErrNotFound) {
+			t.Fatalf("conntrack hashsize: %v (load nf_conntrack: the agent's conntrack settings need it)", err)
+		}
+		must(t, err, "conntrack hashsize")
+		if v <= 0 {
+			t.Errorf("conntrack hashsize %d", v)
+		}
+		wantErr(t, s.SetConntrackHashsize(0), kernel.ErrInvalid, "set hashsize 0")
 	})
 
 	t.Run("KernelVersion", func(t *testing.T) {

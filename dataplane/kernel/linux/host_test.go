@@ -113,24 +113,34 @@ func TestSysctlContractProcSys(t *testing.T) {
 
 func TestSysctlContractFakeRoot(t *testing.T) {
 	root := t.TempDir()
-	files := append(slices.Clone(contract.SysctlNames), "kernel/osrelease")
+	files := append(slices.Clone(contract.SysctlNames), "kernel/osrelease", linux.DefaultConntrackHashsize[1:])
 	for _, name := range files {
 		p := filepath.Join(root, filepath.FromSlash(name))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		val := "0\n"
-		if name == "kernel/osrelease" {
+		switch name {
+		case "kernel/osrelease":
 			val = "5.4.0-42-generic\n"
+		case linux.DefaultConntrackHashsize[1:]:
+			val = "16384\n"
 		}
 		if err := os.WriteFile(p, []byte(val), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	contract.RunSysctl(t, func(*testing.T) kernel.Sysctl { return linux.NewSysctl(root) })
-	v, err := linux.NewSysctl(root).KernelVersion()
+	s := linux.NewSysctl(root)
+	v, err := s.KernelVersion()
 	if err != nil || v.AtLeast(5, 9) || v.Major != 5 || v.Minor != 4 {
 		t.Errorf("kernel version from fake root: %+v, %v; want 5.4", v, err)
+	}
+	if err := s.SetConntrackHashsize(65536); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ConntrackHashsize(); got != 65536 || err != nil {
+		t.Errorf("hashsize after setting 65536: %d, %v", got, err)
 	}
 }
 

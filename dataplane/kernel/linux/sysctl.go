@@ -19,16 +19,23 @@ const DefaultSysctlRoot = "/proc/sys"
 // net/ belong to the network namespace of the calling process.
 type Sysctl struct {
 	root string
+	// hashsize is the nf_conntrack module's hashsize parameter file.
+	hashsize string
 }
+
+// DefaultConntrackHashsize is the nf_conntrack module's hashsize parameter.
+const DefaultConntrackHashsize = "/sys/module/nf_conntrack/parameters/hashsize"
 
 var _ kernel.Sysctl = (*Sysctl)(nil)
 
-// NewSysctl uses root ("" means /proc/sys); tests point it at a directory.
+// NewSysctl uses root ("" means /proc/sys); tests point it at a directory,
+// which then also holds the hashsize parameter (as sys/module/nf_conntrack/
+// parameters/hashsize under it).
 func NewSysctl(root string) *Sysctl {
-	if root == "" {
-		root = DefaultSysctlRoot
+	if root == "" || root == DefaultSysctlRoot {
+		return &Sysctl{root: DefaultSysctlRoot, hashsize: DefaultConntrackHashsize}
 	}
-	return &Sysctl{root: root}
+	return &Sysctl{root: root, hashsize: filepath.Join(root, filepath.FromSlash(DefaultConntrackHashsize))}
 }
 
 func (s *Sysctl) path(name string) (string, error) {
@@ -69,6 +76,37 @@ func (s *Sysctl) Set(name string, value int) error {
 	if err != nil {
 		return err
 	}
+	return writeInt(p, name, value)
+}
+
+// ConntrackHashsize reads the nf_conntrack module's hashsize.
+func (s *Sysctl) ConntrackHashsize() (int, error) {
+	b, err := os.ReadFile(s.hashsize)
+	if err != nil {
+		return 0, sysctlErr("read", s.hashsize, err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("%s: value %q is not a positive integer: %w", s.hashsize, strings.TrimSpace(string(b)), kernel.ErrInvalid)
+	}
+	return v, nil
+}
+
+// SetConntrackHashsize writes the nf_conntrack module's hashsize.
+func (s *Sysctl) SetConntrackHashsize(buckets int) error {
+	if buckets <= 0 {
+		return fmt.Errorf("conntrack hashsize %d: must be positive: %w", buckets, kernel.ErrInvalid)
+	}
+	if err := writeInt(s.hashsize, s.hashsize, buckets); err != nil {
+		// The kernel answers EOPNOTSUPP outside the initial network
+		// namespace, EROFS on a read-only /sys.
+		return fmt.Errorf("%w (host-wide: writable only from the host's network namespace with /sys mounted read-write)", err)
+	}
+	return nil
+}
+
+// writeInt writes value to the existing file p (name for errors).
+func writeInt(p, name string, value int) error {
 	// No O_CREATE: a sysctl the kernel lacks must not appear as a new file.
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {

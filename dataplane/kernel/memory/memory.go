@@ -28,6 +28,10 @@ type Kernel struct {
 	iptInfo  kernel.IPTablesInfo
 	sysctls  map[string]int
 	release  string
+	// hashsize is the conntrack table's bucket count, hashsizeErr what
+	// setting it returns.
+	hashsize    int
+	hashsizeErr error
 }
 
 // New returns an empty simulated namespace: no virtual servers, no sets,
@@ -43,6 +47,7 @@ func New() *Kernel {
 	k.ipvs.init()
 	k.links.init()
 	k.sysctls = defaultSysctls()
+	k.hashsize = defaultConntrackHashsize
 	return k
 }
 

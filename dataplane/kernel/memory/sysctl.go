@@ -18,8 +18,18 @@ func defaultSysctls() map[string]int {
 		kernel.SysctlArpAnnounceAll:        0,
 		kernel.SysctlIPv6ConfAllForwarding: 0,
 		kernel.SysctlRouteLocalnetAll:      0,
+		// Debian 12's defaults on a 2-CPU machine.
+		kernel.SysctlConntrackMax:                   65536,
+		kernel.SysctlConntrackTCPTimeoutEstablished: 432000,
+		kernel.SysctlConntrackTCPTimeoutCloseWait:   60,
+		kernel.SysctlConntrackTCPBeLiberal:          0,
+		kernel.SysctlConntrackUDPTimeout:            30,
+		kernel.SysctlConntrackUDPTimeoutStream:      120,
 	}
 }
+
+// defaultConntrackHashsize goes with defaultSysctls' nf_conntrack_max.
+const defaultConntrackHashsize = 16384
 
 // Sysctl is the kernel.Sysctl view of a memory Kernel.
 type Sysctl Kernel
@@ -85,4 +95,35 @@ func (m *Sysctl) KernelVersion() (kernel.KernelVersion, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return kernel.ParseKernelVersion(k.release)
+}
+
+// SetConntrackHashsizeError makes SetConntrackHashsize fail with err (nil:
+// succeed), e.g. as outside the host's network namespace.
+func (k *Kernel) SetConntrackHashsizeError(err error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.hashsizeErr = err
+}
+
+func (m *Sysctl) ConntrackHashsize() (int, error) {
+	k := m.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.hashsize, nil
+}
+
+func (m *Sysctl) SetConntrackHashsize(buckets int) error {
+	if buckets <= 0 {
+		return fmt.Errorf("conntrack hashsize %d: must be positive: %w", buckets, kernel.ErrInvalid)
+	}
+	k := m.k()
+	if err := k.begin("sysctl.SetConntrackHashsize"); err != nil {
+		return err
+	}
+	defer k.mu.Unlock()
+	if k.hashsizeErr != nil {
+		return k.hashsizeErr
+	}
+	k.hashsize = buckets
+	return nil
 }

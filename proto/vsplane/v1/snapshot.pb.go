@@ -1158,8 +1158,10 @@ type NodeSettings struct {
 	// BRIDGE_INTERFACE: the bridge's name; INTERFACE_NAME_PREFIX: the
 	// prefix of the Pods' host-side interfaces.
 	LocalInterface string `protobuf:"bytes,17,opt,name=local_interface,json=localInterface,proto3" json:"local_interface,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Connection-tracking settings, as kube-proxy's conntrack configuration.
+	Conntrack     *ConntrackSettings `protobuf:"bytes,18,opt,name=conntrack,proto3" json:"conntrack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeSettings) Reset() {
@@ -1311,6 +1313,110 @@ func (x *NodeSettings) GetLocalInterface() string {
 	return ""
 }
 
+func (x *NodeSettings) GetConntrack() *ConntrackSettings {
+	if x != nil {
+		return x.Conntrack
+	}
+	return nil
+}
+
+// ConntrackSettings are kube-proxy's conntrack settings; 0 (false) leaves
+// the kernel's value. The agent sets nf_conntrack_max to
+// max(max_per_core x the node's CPUs, min) when max_per_core is not 0, and
+// raises the table's hashsize to a quarter of it (both host-wide).
+type ConntrackSettings struct {
+	state                        protoimpl.MessageState `protogen:"open.v1"`
+	MaxPerCore                   uint32                 `protobuf:"varint,1,opt,name=max_per_core,json=maxPerCore,proto3" json:"max_per_core,omitempty"`
+	Min                          uint32                 `protobuf:"varint,2,opt,name=min,proto3" json:"min,omitempty"`
+	TcpEstablishedTimeoutSeconds uint32                 `protobuf:"varint,3,opt,name=tcp_established_timeout_seconds,json=tcpEstablishedTimeoutSeconds,proto3" json:"tcp_established_timeout_seconds,omitempty"`
+	TcpCloseWaitTimeoutSeconds   uint32                 `protobuf:"varint,4,opt,name=tcp_close_wait_timeout_seconds,json=tcpCloseWaitTimeoutSeconds,proto3" json:"tcp_close_wait_timeout_seconds,omitempty"`
+	// Sets nf_conntrack_tcp_be_liberal to 1 (never back to 0).
+	TcpBeLiberal            bool   `protobuf:"varint,5,opt,name=tcp_be_liberal,json=tcpBeLiberal,proto3" json:"tcp_be_liberal,omitempty"`
+	UdpTimeoutSeconds       uint32 `protobuf:"varint,6,opt,name=udp_timeout_seconds,json=udpTimeoutSeconds,proto3" json:"udp_timeout_seconds,omitempty"`
+	UdpStreamTimeoutSeconds uint32 `protobuf:"varint,7,opt,name=udp_stream_timeout_seconds,json=udpStreamTimeoutSeconds,proto3" json:"udp_stream_timeout_seconds,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *ConntrackSettings) Reset() {
+	*x = ConntrackSettings{}
+	mi := &file_vsplane_v1_snapshot_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConntrackSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConntrackSettings) ProtoMessage() {}
+
+func (x *ConntrackSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_snapshot_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConntrackSettings.ProtoReflect.Descriptor instead.
+func (*ConntrackSettings) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_snapshot_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ConntrackSettings) GetMaxPerCore() uint32 {
+	if x != nil {
+		return x.MaxPerCore
+	}
+	return 0
+}
+
+func (x *ConntrackSettings) GetMin() uint32 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *ConntrackSettings) GetTcpEstablishedTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.TcpEstablishedTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *ConntrackSettings) GetTcpCloseWaitTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.TcpCloseWaitTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *ConntrackSettings) GetTcpBeLiberal() bool {
+	if x != nil {
+		return x.TcpBeLiberal
+	}
+	return false
+}
+
+func (x *ConntrackSettings) GetUdpTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.UdpTimeoutSeconds
+	}
+	return 0
+}
+
+func (x *ConntrackSettings) GetUdpStreamTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.UdpStreamTimeoutSeconds
+	}
+	return 0
+}
+
 var File_vsplane_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_vsplane_v1_snapshot_proto_rawDesc = "" +
@@ -1371,7 +1477,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\bprotocol\x18\x05 \x01(\x0e2\x14.vsplane.v1.ProtocolR\bprotocol\x12\x10\n" +
 	"\x03ip2\x18\x06 \x01(\tR\x03ip2\x12\x10\n" +
 	"\x03net\x18\a \x01(\tR\x03net\x12.\n" +
-	"\x13node_port_addresses\x18\b \x01(\bR\x11nodePortAddresses\"\xdf\x05\n" +
+	"\x13node_port_addresses\x18\b \x01(\bR\x11nodePortAddresses\"\x9c\x06\n" +
 	"\fNodeSettings\x12+\n" +
 	"\x11default_scheduler\x18\x01 \x01(\tR\x10defaultScheduler\x12.\n" +
 	"\x13tcp_timeout_seconds\x18\x02 \x01(\rR\x11tcpTimeoutSeconds\x125\n" +
@@ -1391,7 +1497,17 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\rnode_deleting\x18\x0e \x01(\bR\fnodeDeleting\x12G\n" +
 	"\x11local_detect_mode\x18\x0f \x01(\x0e2\x1b.vsplane.v1.LocalDetectModeR\x0flocalDetectMode\x12$\n" +
 	"\x0enode_pod_cidrs\x18\x10 \x03(\tR\fnodePodCidrs\x12'\n" +
-	"\x0flocal_interface\x18\x11 \x01(\tR\x0elocalInterface*[\n" +
+	"\x0flocal_interface\x18\x11 \x01(\tR\x0elocalInterface\x12;\n" +
+	"\tconntrack\x18\x12 \x01(\v2\x1d.vsplane.v1.ConntrackSettingsR\tconntrack\"\xe5\x02\n" +
+	"\x11ConntrackSettings\x12 \n" +
+	"\fmax_per_core\x18\x01 \x01(\rR\n" +
+	"maxPerCore\x12\x10\n" +
+	"\x03min\x18\x02 \x01(\rR\x03min\x12E\n" +
+	"\x1ftcp_established_timeout_seconds\x18\x03 \x01(\rR\x1ctcpEstablishedTimeoutSeconds\x12B\n" +
+	"\x1etcp_close_wait_timeout_seconds\x18\x04 \x01(\rR\x1atcpCloseWaitTimeoutSeconds\x12$\n" +
+	"\x0etcp_be_liberal\x18\x05 \x01(\bR\ftcpBeLiberal\x12.\n" +
+	"\x13udp_timeout_seconds\x18\x06 \x01(\rR\x11udpTimeoutSeconds\x12;\n" +
+	"\x1audp_stream_timeout_seconds\x18\a \x01(\rR\x17udpStreamTimeoutSeconds*[\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPROTOCOL_TCP\x10\x01\x12\x10\n" +
@@ -1465,22 +1581,23 @@ func file_vsplane_v1_snapshot_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_snapshot_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_vsplane_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_vsplane_v1_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_vsplane_v1_snapshot_proto_goTypes = []any{
-	(Protocol)(0),          // 0: vsplane.v1.Protocol
-	(IPFamily)(0),          // 1: vsplane.v1.IPFamily
-	(VirtualServerKind)(0), // 2: vsplane.v1.VirtualServerKind
-	(AddressBinding)(0),    // 3: vsplane.v1.AddressBinding
-	(VirtualServerFlag)(0), // 4: vsplane.v1.VirtualServerFlag
-	(TrafficPolicy)(0),     // 5: vsplane.v1.TrafficPolicy
-	(IPSet)(0),             // 6: vsplane.v1.IPSet
-	(LocalDetectMode)(0),   // 7: vsplane.v1.LocalDetectMode
-	(*Resource)(nil),       // 8: vsplane.v1.Resource
-	(*ServiceState)(nil),   // 9: vsplane.v1.ServiceState
-	(*VirtualServer)(nil),  // 10: vsplane.v1.VirtualServer
-	(*RealServer)(nil),     // 11: vsplane.v1.RealServer
-	(*IPSetEntry)(nil),     // 12: vsplane.v1.IPSetEntry
-	(*NodeSettings)(nil),   // 13: vsplane.v1.NodeSettings
+	(Protocol)(0),             // 0: vsplane.v1.Protocol
+	(IPFamily)(0),             // 1: vsplane.v1.IPFamily
+	(VirtualServerKind)(0),    // 2: vsplane.v1.VirtualServerKind
+	(AddressBinding)(0),       // 3: vsplane.v1.AddressBinding
+	(VirtualServerFlag)(0),    // 4: vsplane.v1.VirtualServerFlag
+	(TrafficPolicy)(0),        // 5: vsplane.v1.TrafficPolicy
+	(IPSet)(0),                // 6: vsplane.v1.IPSet
+	(LocalDetectMode)(0),      // 7: vsplane.v1.LocalDetectMode
+	(*Resource)(nil),          // 8: vsplane.v1.Resource
+	(*ServiceState)(nil),      // 9: vsplane.v1.ServiceState
+	(*VirtualServer)(nil),     // 10: vsplane.v1.VirtualServer
+	(*RealServer)(nil),        // 11: vsplane.v1.RealServer
+	(*IPSetEntry)(nil),        // 12: vsplane.v1.IPSetEntry
+	(*NodeSettings)(nil),      // 13: vsplane.v1.NodeSettings
+	(*ConntrackSettings)(nil), // 14: vsplane.v1.ConntrackSettings
 }
 var file_vsplane_v1_snapshot_proto_depIdxs = []int32{
 	9,  // 0: vsplane.v1.Resource.service:type_name -> vsplane.v1.ServiceState
@@ -1499,11 +1616,12 @@ var file_vsplane_v1_snapshot_proto_depIdxs = []int32{
 	1,  // 13: vsplane.v1.IPSetEntry.family:type_name -> vsplane.v1.IPFamily
 	0,  // 14: vsplane.v1.IPSetEntry.protocol:type_name -> vsplane.v1.Protocol
 	7,  // 15: vsplane.v1.NodeSettings.local_detect_mode:type_name -> vsplane.v1.LocalDetectMode
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	14, // 16: vsplane.v1.NodeSettings.conntrack:type_name -> vsplane.v1.ConntrackSettings
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_snapshot_proto_init() }
@@ -1521,7 +1639,7 @@ func file_vsplane_v1_snapshot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_snapshot_proto_rawDesc), len(file_vsplane_v1_snapshot_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
