@@ -54,6 +54,13 @@ func vsOf(kind pb.VirtualServerKind, addr string, port uint32, pol pb.TrafficPol
 
 func with(vs *pb.VirtualServer, f func(*pb.VirtualServer)) *pb.VirtualServer { f(vs); return vs }
 
+// noLocalExternal marks st as having no local endpoint for its Local
+// external policy while the cluster has some.
+func noLocalExternal(st *pb.ServiceState) *pb.ServiceState {
+	st.NoLocalEndpointsExternal = true
+	return st
+}
+
 // inCluster sets the real servers of in-cluster clients (Local policy).
 func inCluster(vs *pb.VirtualServer, rss ...*pb.RealServer) *pb.VirtualServer {
 	vs.InClusterRealServers = rss
@@ -222,8 +229,8 @@ func featureCases() []featureCase {
 	}, {
 		name: "externalIP, ETP Local, no local endpoint: reject with no real servers",
 		in:   Input{Service: extLocal, Slices: []*model.EndpointSlice{twoNodes}}, node: fn3,
-		want: st(0, []*pb.VirtualServer{cip(bothRemote...), inCluster(vsOf(kEXT, "198.18.100.1", 80, local), bothRemote...)},
-			cipE, ent(pb.IPSet_IP_SET_EXTERNAL_IP_LOCAL, v4, "198.18.100.1", 80)),
+		want: noLocalExternal(st(0, []*pb.VirtualServer{cip(bothRemote...), inCluster(vsOf(kEXT, "198.18.100.1", 80, local), bothRemote...)},
+			cipE, ent(pb.IPSet_IP_SET_EXTERNAL_IP_LOCAL, v4, "198.18.100.1", 80))),
 	}, {
 		name: "LB source ranges containing the node: FW, SOURCE-CIDR per range of the family, SOURCE-IP",
 		in:   Input{Service: lbRanges, Slices: []*model.EndpointSlice{twoNodes}}, node: fn2,
@@ -282,7 +289,7 @@ func featureCases() []featureCase {
 	}, {
 		name: "ETP Local + session affinity: persistent on every virtual server; node without local endpoints rejects",
 		in:   Input{Service: stickyAll, Slices: []*model.EndpointSlice{twoNodes}}, node: fn3,
-		want: &pb.ServiceState{Namespace: "default", Name: "web", HealthCheckNodePort: 32003,
+		want: &pb.ServiceState{Namespace: "default", Name: "web", HealthCheckNodePort: 32003, NoLocalEndpointsExternal: true,
 			VirtualServers: []*pb.VirtualServer{
 				sticky(cip(bothRemote...)),
 				sticky(inCluster(vsOf(kEXT, "198.18.100.3", 80, local), bothRemote...)),

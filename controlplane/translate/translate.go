@@ -93,6 +93,7 @@ func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 				}
 			}
 			t.port(fam, clusterIP, sp, eps, &sel)
+			t.noLocalEndpoints(eps, &sel)
 		}
 		if svc.HealthCheckNodePort != 0 {
 			t.sets.add(&vsplanev1.IPSetEntry{Set: vsplanev1.IPSet_IP_SET_HEALTH_CHECK_NODE_PORT, Family: family(fam),
@@ -119,6 +120,21 @@ func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 	}
 	t.st.HealthCheckNodePort = uint32(svc.HealthCheckNodePort)
 	return t.st
+}
+
+// noLocalEndpoints records a Local policy whose port has usable endpoints
+// (ready, or serving and terminating) but none on the node, as kube-proxy's
+// syncEndpoint counts them (any port makes the Service count).
+func (t *translation) noLocalEndpoints(eps []endpoint, sel *selection) {
+	if len(sel.local) > 0 || !slices.ContainsFunc(eps, func(e endpoint) bool { return e.ready || e.serving && e.terminating }) {
+		return
+	}
+	if t.svc.InternalTrafficPolicy == model.PolicyLocal {
+		t.st.NoLocalEndpointsInternal = true
+	}
+	if t.svc.ExternalTrafficPolicy == model.PolicyLocal { // only when externally accessible (model)
+		t.st.NoLocalEndpointsExternal = true
+	}
 }
 
 // translation is the state of one Service(in, node, cfg) call.

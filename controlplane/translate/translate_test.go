@@ -183,7 +183,7 @@ func TestService(t *testing.T) {
 		in:   Input{Service: &itpLocal, Slices: []*model.EndpointSlice{webSlice}},
 		node: n3,
 		want: &pb.ServiceState{
-			Namespace: "default", Name: "web",
+			Namespace: "default", Name: "web", NoLocalEndpointsInternal: true,
 			VirtualServers: []*pb.VirtualServer{{
 				Kind: clusterIPKind, Address: "198.18.0.10", Family: v4, Port: 80, Protocol: tcp, Binding: always,
 				PortName: "http", TrafficPolicy: local, Reject: true,
@@ -313,5 +313,30 @@ func TestNodeSettings(t *testing.T) {
 	}
 	if s := NodeSettings(n, Config{DefaultScheduler: "mh", MasqueradeBit: 3}); s.DefaultScheduler != "mh" || s.MasqueradeBit != 3 {
 		t.Errorf("explicit config not kept: %v", s)
+	}
+}
+
+// noLocalEndpoints counts a Local policy only while the port has usable
+// endpoints elsewhere (ready, or serving and terminating), as kube-proxy.
+func TestNoLocalEndpoints(t *testing.T) {
+	node := &model.Node{Name: "n1"}
+	for _, tc := range []struct {
+		name string
+		eps  []endpoint
+		want bool
+	}{
+		{"none at all", nil, false},
+		{"remote ready", []endpoint{{ready: true, nodeName: "n2"}}, true},
+		{"remote serving terminating", []endpoint{{serving: true, terminating: true, nodeName: "n2"}}, true},
+		{"remote not serving", []endpoint{{nodeName: "n2"}}, false},
+		{"local ready", []endpoint{{ready: true, local: true, nodeName: "n1"}}, false},
+	} {
+		tr := &translation{svc: &model.Service{InternalTrafficPolicy: model.PolicyLocal, ExternalTrafficPolicy: model.PolicyLocal},
+			node: node, st: &pb.ServiceState{}}
+		sel := categorize(tc.eps, node.Name, "")
+		tr.noLocalEndpoints(tc.eps, &sel)
+		if tr.st.NoLocalEndpointsInternal != tc.want || tr.st.NoLocalEndpointsExternal != tc.want {
+			t.Errorf("%s: internal %v, external %v, want %v", tc.name, tr.st.NoLocalEndpointsInternal, tr.st.NoLocalEndpointsExternal, tc.want)
+		}
 	}
 }

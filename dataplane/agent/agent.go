@@ -199,7 +199,8 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			return dpmetrics.Stats{FullReconciles: s.FullReconciles, LastFullReconcile: s.LastFullReconcile,
 				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources,
 				Draining: s.Draining, DrainsCompleted: s.DrainsCompleted, DrainsTimedOut: s.DrainsTimedOut,
-				RestoreFailures: byFamilyName(s.RestoreFailures)}
+				RestoreFailures:          byFamilyName(s.RestoreFailures),
+				NoLocalEndpointsInternal: s.NoLocalEndpointsInternal, NoLocalEndpointsExternal: s.NoLocalEndpointsExternal}
 		},
 	})
 	if err != nil {

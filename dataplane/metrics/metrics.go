@@ -36,6 +36,9 @@ type Stats struct {
 	// RestoreFailures counts failed iptables-restore runs by IP family
 	// ("IPv4", "IPv6"); monotonic.
 	RestoreFailures map[string]uint64
+	// NoLocalEndpointsInternal/External: Services with that Local policy,
+	// endpoints in the cluster and none on this node.
+	NoLocalEndpointsInternal, NoLocalEndpointsExternal int
 }
 
 // Options configure the agent metrics.
@@ -68,6 +71,9 @@ var (
 		[]string{"outcome"}, nil)
 	restoreFailuresDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
 		"Cumulative iptables-restore failures, by IP family.", []string{"ip_family"}, nil)
+	noLocalDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+		"Services with a Local traffic policy and endpoints in the cluster but none on this node, by policy (internal, external).",
+		[]string{"traffic_policy"}, nil)
 	lastDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		"The last time the kernel state was successfully synced (a Delta applied or a full reconcile ran).", nil, nil)
 )
@@ -228,6 +234,7 @@ func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- drainingDesc
 	ch <- drainsDesc
 	ch <- restoreFailuresDesc
+	ch <- noLocalDesc
 	ch <- lastDesc
 }
 
@@ -248,6 +255,8 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, fam := range c.m.opts.Families {
 			ch <- prometheus.MustNewConstMetric(restoreFailuresDesc, prometheus.CounterValue, float64(s.RestoreFailures[fam]), fam)
 		}
+		ch <- prometheus.MustNewConstMetric(noLocalDesc, prometheus.GaugeValue, float64(s.NoLocalEndpointsInternal), "internal")
+		ch <- prometheus.MustNewConstMetric(noLocalDesc, prometheus.GaugeValue, float64(s.NoLocalEndpointsExternal), "external")
 		if s.LastFullReconcile.After(last) {
 			last = s.LastFullReconcile
 		}

@@ -76,7 +76,7 @@ func one(t *testing.T, reg *prometheus.Registry, name string, labels map[string]
 func TestApplyRecordsSyncMetrics(t *testing.T) {
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	stats := Stats{FullReconciles: 3, RepairsByKind: map[string]uint64{"ipvs_add_destination": 4}, FailedResources: 1,
-		Draining: 2, DrainsCompleted: 5, DrainsTimedOut: 1}
+		Draining: 2, DrainsCompleted: 5, DrainsTimedOut: 1, NoLocalEndpointsInternal: 3, NoLocalEndpointsExternal: 7}
 	reg := prometheus.NewRegistry()
 	m, err := New(reg, Options{Now: clk.now, Stats: func() Stats { return stats }})
 	if err != nil {
@@ -128,6 +128,11 @@ func TestApplyRecordsSyncMetrics(t *testing.T) {
 	}
 	if got := one(t, reg, "vsplane_agent_draining_real_servers", nil).GetGauge().GetValue(); got != 2 {
 		t.Errorf("draining real servers = %v, want 2", got)
+	}
+	for policy, want := range map[string]float64{"internal": 3, "external": 7} {
+		if got := one(t, reg, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", map[string]string{"traffic_policy": policy}).GetGauge().GetValue(); got != want {
+			t.Errorf("no local endpoints %s = %v, want %v", policy, got, want)
+		}
 	}
 	// A later full reconcile moves the last sync timestamp.
 	stats.LastFullReconcile = clk.now().Add(time.Second)

@@ -172,6 +172,9 @@ type resourceState struct {
 	tmpl *templates
 	// health is the Service's health-check node port (nil: none).
 	health *HealthCheck
+	// noLocalInternal/External: a Local policy without a local endpoint
+	// while the cluster has some (kube-proxy's no_local_endpoints metric).
+	noLocalInternal, noLocalExternal bool
 }
 
 // compiler turns wire resources into kernel-level desired state, checking
@@ -351,6 +354,7 @@ func parsePrefixes(rs *resourceState, field string, in []string) []netip.Prefix 
 
 func (c *compiler) compileService(rs *resourceState, svc *vsplanev1.ServiceState) {
 	tm := &templates{}
+	rs.noLocalInternal, rs.noLocalExternal = svc.GetNoLocalEndpointsInternal(), svc.GetNoLocalEndpointsExternal()
 	// The health-check server names the Service after the (checked)
 	// resource name; namespace and name, when set, must agree with it.
 	namespace, name, _ := serviceName(rs.name)
@@ -435,7 +439,7 @@ func (c *compiler) compileService(rs *resourceState, svc *vsplanev1.ServiceState
 		slices.ContainsFunc(tm.vss, func(d desiredVS) bool { return len(d.inCluster) > 0 })
 	if len(tm.vss) > 0 || len(tm.entries) > 0 || inCluster {
 		tm.base = &resourceState{name: rs.name, version: rs.version, vss: rs.vss, entries: rs.entries,
-			problems: rs.problems, health: rs.health}
+			problems: rs.problems, health: rs.health, noLocalInternal: rs.noLocalInternal, noLocalExternal: rs.noLocalExternal}
 		rs.tmpl = tm
 	}
 }

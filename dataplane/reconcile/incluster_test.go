@@ -317,3 +317,24 @@ func TestLocalDetectModes(t *testing.T) {
 		})
 	}
 }
+
+// The Services counted in kubeproxy_sync_proxy_rules_no_local_endpoints_total
+// are those the control plane marks, templated (NodePort) or not, until
+// they go.
+func TestNoLocalEndpointsCounted(t *testing.T) {
+	mk := memory.New()
+	nodeInterfaces(mk)
+	r := newReconciler(t, mk, Config{})
+	lb := localLBRes("web", "198.18.200.2", 30080, "198.19.2.5")
+	lb.GetService().NoLocalEndpointsExternal = true
+	itp := svcB.resource()
+	itp.GetService().NoLocalEndpointsInternal = true
+	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), lb, itp, svcA.resource())))
+	if s := r.Stats(); s.NoLocalEndpointsInternal != 1 || s.NoLocalEndpointsExternal != 1 {
+		t.Errorf("internal %d, external %d, want 1 and 1", s.NoLocalEndpointsInternal, s.NoLocalEndpointsExternal)
+	}
+	mustAck(t, apply(t, r, &vsplanev1.Delta{Nonce: "2", Removed: []string{lb.GetName()}}))
+	if s := r.Stats(); s.NoLocalEndpointsInternal != 1 || s.NoLocalEndpointsExternal != 0 {
+		t.Errorf("after removing web: internal %d, external %d, want 1 and 0", s.NoLocalEndpointsInternal, s.NoLocalEndpointsExternal)
+	}
+}

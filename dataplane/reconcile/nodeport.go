@@ -115,7 +115,7 @@ func (rs *resourceState) expand(addrs nodePortAddrs, marks *inClusterMarks) *res
 	}
 	b := tm.base
 	out := &resourceState{name: b.name, version: b.version, vss: slices.Clone(b.vss), entries: slices.Clone(b.entries),
-		problems: slices.Clone(b.problems), tmpl: tm, health: b.health}
+		problems: slices.Clone(b.problems), tmpl: tm, health: b.health, noLocalInternal: b.noLocalInternal, noLocalExternal: b.noLocalExternal}
 	expanded := map[kernel.VirtualServerKey]bool{}
 	for _, t := range tm.vss {
 		for _, a := range addrs[t.vs.Key.Family] {

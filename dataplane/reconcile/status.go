@@ -50,6 +50,10 @@ type Stats struct {
 	// RestoreFailures counts failed iptables-restore runs by family
 	// (kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
 	RestoreFailures map[kernel.Family]uint64
+	// NoLocalEndpointsInternal/External count the Services with that
+	// Local policy, endpoints in the cluster and none on this node
+	// (kubeproxy_sync_proxy_rules_no_local_endpoints_total).
+	NoLocalEndpointsInternal, NoLocalEndpointsExternal int
 }
 
 // failure is why a resource is not applied.
@@ -190,6 +194,14 @@ func (r *Reconciler) statsLocked() Stats {
 	s.DrainOps = maps.Clone(r.stats.DrainOps)
 	s.Recovered = maps.Clone(r.status.recovered)
 	s.RestoreFailures = maps.Clone(r.stats.RestoreFailures)
+	for _, rs := range r.desired.res {
+		if rs.noLocalInternal {
+			s.NoLocalEndpointsInternal++
+		}
+		if rs.noLocalExternal {
+			s.NoLocalEndpointsExternal++
+		}
+	}
 	return s
 }
 

@@ -632,8 +632,14 @@ type ServiceState struct {
 	// when they name none and the node default (NodeSettings) applies.
 	SchedulerSource    string `protobuf:"bytes,8,opt,name=scheduler_source,json=schedulerSource,proto3" json:"scheduler_source,omitempty"`
 	LocalEndpointsIpv6 uint32 `protobuf:"varint,9,opt,name=local_endpoints_ipv6,json=localEndpointsIpv6,proto3" json:"local_endpoints_ipv6,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The internal (external) traffic policy is Local, some port has usable
+	// endpoints in the cluster but none on this node: kube-proxy's
+	// serviceNoLocalEndpointsInternal (External), counted by the agent in
+	// kubeproxy_sync_proxy_rules_no_local_endpoints_total.
+	NoLocalEndpointsInternal bool `protobuf:"varint,10,opt,name=no_local_endpoints_internal,json=noLocalEndpointsInternal,proto3" json:"no_local_endpoints_internal,omitempty"`
+	NoLocalEndpointsExternal bool `protobuf:"varint,11,opt,name=no_local_endpoints_external,json=noLocalEndpointsExternal,proto3" json:"no_local_endpoints_external,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *ServiceState) Reset() {
@@ -727,6 +733,20 @@ func (x *ServiceState) GetLocalEndpointsIpv6() uint32 {
 		return x.LocalEndpointsIpv6
 	}
 	return 0
+}
+
+func (x *ServiceState) GetNoLocalEndpointsInternal() bool {
+	if x != nil {
+		return x.NoLocalEndpointsInternal
+	}
+	return false
+}
+
+func (x *ServiceState) GetNoLocalEndpointsExternal() bool {
+	if x != nil {
+		return x.NoLocalEndpointsExternal
+	}
+	return false
 }
 
 // VirtualServer is one IPVS virtual server and its real servers.
@@ -1429,7 +1449,7 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\aservice\x18\n" +
 	" \x01(\v2\x18.vsplane.v1.ServiceStateH\x00R\aservice\x12?\n" +
 	"\rnode_settings\x18\v \x01(\v2\x18.vsplane.v1.NodeSettingsH\x00R\fnodeSettingsB\x06\n" +
-	"\x04body\"\x98\x03\n" +
+	"\x04body\"\x96\x04\n" +
 	"\fServiceState\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12B\n" +
@@ -1439,7 +1459,10 @@ const file_vsplane_v1_snapshot_proto_rawDesc = "" +
 	"\x0flocal_endpoints\x18\x06 \x01(\rR\x0elocalEndpoints\x12\x1a\n" +
 	"\bproblems\x18\a \x03(\tR\bproblems\x12)\n" +
 	"\x10scheduler_source\x18\b \x01(\tR\x0fschedulerSource\x120\n" +
-	"\x14local_endpoints_ipv6\x18\t \x01(\rR\x12localEndpointsIpv6\"\xef\x05\n" +
+	"\x14local_endpoints_ipv6\x18\t \x01(\rR\x12localEndpointsIpv6\x12=\n" +
+	"\x1bno_local_endpoints_internal\x18\n" +
+	" \x01(\bR\x18noLocalEndpointsInternal\x12=\n" +
+	"\x1bno_local_endpoints_external\x18\v \x01(\bR\x18noLocalEndpointsExternal\"\xef\x05\n" +
 	"\rVirtualServer\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.vsplane.v1.VirtualServerKindR\x04kind\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12.\n" +
