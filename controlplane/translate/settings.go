@@ -113,6 +113,7 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 		ReconcilePeriodSeconds: seconds(cfg.ReconcilePeriod),
 		NodeDeleting:           node.Deleting,
 		LocalDetectMode:        cfg.LocalDetect.Mode.wire(),
+		NodePodCidrs:           prefixes(node.PodCIDRs),
 	}
 	if ct := cfg.Conntrack; ct != (Conntrack{}) {
 		ns.Conntrack = &vsplanev1.ConntrackSettings{MaxPerCore: ct.MaxPerCore, Min: ct.Min,
@@ -120,8 +121,6 @@ func NodeSettings(node *model.Node, cfg Config) *vsplanev1.NodeSettings {
 			TcpBeLiberal: ct.TCPBeLiberal, UdpTimeoutSeconds: seconds(ct.UDPTimeout), UdpStreamTimeoutSeconds: seconds(ct.UDPStreamTimeout)}
 	}
 	switch cfg.LocalDetect.Mode {
-	case LocalByNodeCIDR:
-		ns.NodePodCidrs = prefixes(node.PodCIDRs)
 	case LocalByBridge, LocalByInterfacePrefix:
 		ns.LocalInterface = cfg.LocalDetect.Interface
 	}

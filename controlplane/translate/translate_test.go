@@ -280,6 +280,7 @@ func TestNodeSettings(t *testing.T) {
 		DefaultScheduler: "rr", TcpTimeoutSeconds: 900, UdpTimeoutSeconds: 2, StrictArp: true, MasqueradeBit: 14,
 		ClusterCidrs: []string{"198.19.0.0/16"}, NodeIps: []string{"198.19.0.11", "2001:2::11"}, Zone: "zone-a",
 		ReconcilePeriodSeconds: 60, LocalDetectMode: pb.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR,
+		NodePodCidrs: []string{"198.19.1.0/24", "2001:2:0:101::/64"},
 	}
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("NodeSettings (-want +got):\n%s", diff)
@@ -294,8 +295,9 @@ func TestNodeSettings(t *testing.T) {
 		TcpBeLiberal: true, UdpTimeoutSeconds: 2, UdpStreamTimeoutSeconds: 120}, ct, protocmp.Transform()); diff != "" {
 		t.Errorf("conntrack (-want +got):\n%s", diff)
 	}
-	// Local-traffic detection: the node's pod CIDRs go only with NodeCIDR,
-	// the interface only with the interface modes.
+	// Local-traffic detection: the node's pod CIDRs always go (they also
+	// tell this node's Pods among in-cluster clients), the interface only
+	// with the interface modes.
 	for _, tc := range []struct {
 		ld    LocalDetect
 		mode  pb.LocalDetectMode
@@ -303,8 +305,8 @@ func TestNodeSettings(t *testing.T) {
 		iface string
 	}{
 		{LocalDetect{Mode: LocalByNodeCIDR, Interface: "ignored"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR, []string{"198.19.1.0/24", "2001:2:0:101::/64"}, ""},
-		{LocalDetect{Mode: LocalByBridge, Interface: "cbr0"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, nil, "cbr0"},
-		{LocalDetect{Mode: LocalByInterfacePrefix, Interface: "veth"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX, nil, "veth"},
+		{LocalDetect{Mode: LocalByBridge, Interface: "cbr0"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, []string{"198.19.1.0/24", "2001:2:0:101::/64"}, "cbr0"},
+		{LocalDetect{Mode: LocalByInterfacePrefix, Interface: "veth"}, pb.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX, []string{"198.19.1.0/24", "2001:2:0:101::/64"}, "veth"},
 	} {
 		s := NodeSettings(n, Config{LocalDetect: tc.ld})
 		if s.GetLocalDetectMode() != tc.mode || !slices.Equal(s.GetNodePodCidrs(), tc.cidrs) || s.GetLocalInterface() != tc.iface {

@@ -138,7 +138,8 @@ type settings struct {
 	clusterCIDRs     []netip.Prefix
 	// localDetect is how Pod traffic is told (node_settings'
 	// local_detect_mode; UNSPECIFIED reads as CLUSTER_CIDR), with the
-	// node's pod CIDRs (NODE_CIDR) or the interface (the interface modes).
+	// interface of the interface modes; nodePodCIDRs are the node's own
+	// (NODE_CIDR detection, and this node's Pods among in-cluster clients).
 	localDetect    vsplanev1.LocalDetectMode
 	nodePodCIDRs   []netip.Prefix
 	localInterface string
@@ -280,12 +281,12 @@ func (c *compiler) compileSettings(rs *resourceState, ns *vsplanev1.NodeSettings
 		rs.problem("%v", bad("masquerade_bit", s.masqueradeBit, "lies in the in-cluster mark field %#x: in-cluster clients of Local external policy get the Local policy", rules.InClusterMarkMask))
 	}
 	s.clusterCIDRs = parsePrefixes(rs, "cluster_cidrs", ns.GetClusterCidrs())
+	s.nodePodCIDRs = parsePrefixes(rs, "node_pod_cidrs", ns.GetNodePodCidrs())
 	s.localDetect = vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR
 	switch m := ns.GetLocalDetectMode(); m {
 	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED, vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR:
 	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR:
 		s.localDetect = m
-		s.nodePodCIDRs = parsePrefixes(rs, "node_pod_cidrs", ns.GetNodePodCidrs())
 	case vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX:
 		prefix := m == vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_INTERFACE_NAME_PREFIX
 		if err := wire.CheckInterfaceName(ns.GetLocalInterface(), prefix); err != nil {

@@ -275,8 +275,12 @@ func TestLocalDetectModes(t *testing.T) {
 	}{
 		{"cluster CIDR", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_CLUSTER_CIDR, "", nil,
 			[]string{"-s 198.19.0.0/16 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", ""},
-		{"unspecified reads as cluster CIDR", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED, "cbr0", []string{"198.19.1.0/24"},
-			[]string{"-s 198.19.0.0/16 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", ""},
+		// The node's pod CIDRs tell its own Pods among in-cluster clients;
+		// the ClusterIP masquerade stays on the cluster CIDRs.
+		{"unspecified reads as cluster CIDR; in-cluster by node pod CIDRs", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_UNSPECIFIED, "cbr0", []string{"198.19.1.0/24"},
+			[]string{"-s 198.19.1.0/24 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.0.0/16 ", ""},
+		{"interface mode ignores node pod CIDRs", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, "cbr0", []string{"198.19.1.0/24"},
+			[]string{"-i cbr0 -j VSPLANE-IN-CLUSTER"}, "! -i cbr0 ", ""},
 		{"node CIDR", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_NODE_CIDR, "", []string{"198.19.1.0/24", "2001:2:0:101::/64"},
 			[]string{"-s 198.19.1.0/24 -j VSPLANE-IN-CLUSTER"}, "! -s 198.19.1.0/24 ", ""},
 		{"bridge", vsplanev1.LocalDetectMode_LOCAL_DETECT_MODE_BRIDGE_INTERFACE, "cbr0", nil,

@@ -50,6 +50,11 @@ func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
 				in.ClusterCIDRs = append(in.ClusterCIDRs, c)
 			}
 		}
+		for _, c := range s.nodePodCIDRs {
+			if kernel.FamilyOf(c.Addr()) == fam {
+				in.NodePodCIDRs = append(in.NodePodCIDRs, c)
+			}
+		}
 	}
 	for ref := range p.desired.setRefs {
 		if ref.family == fam {
@@ -185,5 +190,6 @@ func sameRulesInput(a, b rules.Input) bool {
 	return a.Family == b.Family && a.MasqueradeAll == b.MasqueradeAll && a.MasqueradeBit == b.MasqueradeBit &&
 		slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && a.RandomFully == b.RandomFully &&
 		a.ConntrackTCPLiberal == b.ConntrackTCPLiberal && a.NonEmpty == b.NonEmpty && a.LocalInterface == b.LocalInterface &&
+		slices.Equal(a.NodePodCIDRs, b.NodePodCIDRs) &&
 		slices.Equal(a.LoadBalancerNoNodeAccess, b.LoadBalancerNoNodeAccess) && slices.Equal(a.InClusterMarks, b.InClusterMarks)
 }

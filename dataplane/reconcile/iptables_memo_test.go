@@ -120,6 +120,8 @@ func TestSameRulesInputComparesEveryField(t *testing.T) {
 			changed.NonEmpty = changed.NonEmpty.With(rules.SetClusterIP)
 		case "LoadBalancerNoNodeAccess":
 			changed.LoadBalancerNoNodeAccess = []rules.VirtualPort{{IP: netip.MustParseAddr("198.18.0.1"), Port: 80, Protocol: kernel.ProtocolTCP}}
+		case "NodePodCIDRs":
+			changed.NodePodCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.1.0/24")}
 		case "LocalInterface":
 			changed.LocalInterface = "cbr0"
 		case "InClusterMarks":

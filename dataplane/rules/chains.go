@@ -117,18 +117,25 @@ func (b *builder) dismissLocalhost() {
 // firewall-mark virtual server with the Cluster selection of endpoints
 // (IPVS looks up fwmark services first) and carries the masquerade bit:
 // the connection may cross nodes, and a node's own connection has the
-// Local address itself as source. Pods are recognised by the cluster
-// CIDRs or the interface they arrive on (neither configured: only the
-// node's own connections), the node by the source address type. Only the
+// Local address itself as source. In-cluster clients are this node's Pods,
+// told by the interface they arrive on, else by the node's pod CIDRs, else
+// by the cluster CIDRs (none: only the node's own connections), and the
+// node itself, told by the source address type. A Pod of another node
+// reaching this node's NodePort is external, as upstream's e2e expects. Only the
 // first packet passes nat, and only it needs the mark: IPVS schedules on it.
 func (b *builder) inClusterRules() {
 	if len(b.in.InClusterMarks) == 0 {
 		return
 	}
-	if b.in.LocalInterface != "" {
+	pods := b.in.NodePodCIDRs
+	switch {
+	case b.in.LocalInterface != "":
 		b.add(kernel.TableNAT, ChainServices, "-i", b.in.LocalInterface, "-j", ChainInCluster)
+		pods = nil
+	case len(pods) == 0:
+		pods = b.in.ClusterCIDRs
 	}
-	for _, c := range b.in.ClusterCIDRs {
+	for _, c := range pods {
 		b.add(kernel.TableNAT, ChainServices, "-s", c.Masked().String(), "-j", ChainInCluster)
 	}
 	b.add(kernel.TableNAT, ChainServices, "-m addrtype --src-type LOCAL -j", ChainInCluster)

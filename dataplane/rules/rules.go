@@ -74,6 +74,12 @@ type Input struct {
 	// LocalInterface, disables detection (kube-proxy then masquerades by
 	// source VIP). kube-proxy takes one per family; vsplane any number.
 	ClusterCIDRs []netip.Prefix
+	// NodePodCIDRs are this node's own Pod CIDRs of the family: when set,
+	// they (not ClusterCIDRs) tell which clients of Local external policy
+	// are in-cluster, so a Pod of another node reaching this node's
+	// NodePort stays external, as upstream's e2e expects (a Pod to its own
+	// node's NodePort gets Cluster semantics, as with kube-proxy).
+	NodePodCIDRs []netip.Prefix
 	// LocalInterface tells Pod traffic by the interface it arrives on
 	// instead ("-i" syntax: a bridge's name, or a prefix ending in "+");
 	// set, ClusterCIDRs must be empty.
@@ -120,9 +126,9 @@ func (in Input) Validate() error {
 			return fmt.Errorf("rules: local interface %q and cluster CIDRs both set: %w", in.LocalInterface, kernel.ErrInvalid)
 		}
 	}
-	for _, c := range in.ClusterCIDRs {
+	for _, c := range append(slices.Clone(in.ClusterCIDRs), in.NodePodCIDRs...) {
 		if !c.IsValid() || kernel.FamilyOf(c.Addr().Unmap()) != in.Family {
-			return fmt.Errorf("rules: cluster CIDR %v is not %v: %w", c, in.Family, kernel.ErrInvalid)
+			return fmt.Errorf("rules: pod CIDR %v is not %v: %w", c, in.Family, kernel.ErrInvalid)
 		}
 	}
 	for _, vp := range in.LoadBalancerNoNodeAccess {

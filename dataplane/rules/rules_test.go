@@ -73,6 +73,12 @@ func goldenCases() map[string]Input {
 		}),
 		"ipv6_in_cluster": {Family: kernel.FamilyIPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{cluster6}, RandomFully: true,
 			NonEmpty: allSets, InClusterMarks: inCluster6},
+		// The node's pod CIDRs tell in-cluster clients, the cluster CIDR the
+		// ClusterIP masquerade.
+		"ipv4_in_cluster_node_pods": with(v4, func(in *Input) {
+			in.NonEmpty, in.InClusterMarks = allSets, inCluster4[:2]
+			in.NodePodCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.1.0/24")}
+		}),
 		// No cluster CIDR: only the node's own connections are recognised.
 		"ipv4_in_cluster_no_cidr": {Family: kernel.FamilyIPv4, MasqueradeBit: 15, NonEmpty: allSets,
 			InClusterMarks: []InClusterMark{{VirtualPort{netip.MustParseAddr("198.18.200.2"), 80, kernel.ProtocolTCP}, 0x8001}}},

@@ -400,10 +400,17 @@ func nodeObject(n *vm.Node, zone string) *corev1.Node {
 	if n.IP6 != "" {
 		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: n.IP6})
 	}
+	// spec.podCIDRs as a node IPAM controller would set them (the pod
+	// networks the topology routes to the node).
+	cidrs := []string{n.PodCIDR}
+	if n.PodCIDR6 != "" {
+		cidrs = append(cidrs, n.PodCIDR6)
+	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{
 			corev1.LabelTopologyZone: zone, corev1.LabelHostname: n.Name,
 		}},
+		Spec:   corev1.NodeSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
 		Status: corev1.NodeStatus{Addresses: addrs},
 	}
 }

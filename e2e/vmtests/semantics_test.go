@@ -383,10 +383,12 @@ func (e *semEnv) etpLocal(t *testing.T, s *services) {
 
 // inClusterLocal: the Local policy is for external clients; in-cluster ones
 // get Cluster semantics. node2 has no endpoint of loc or loc6, so etpLocal's
-// outside clients are refused there, but node2's Pod, node2 itself and a Pod
-// of node1 reaching node2's NodePort all reach the endpoints on node1,
-// masqueraded to node2's address (they may cross nodes: pod-a's reply from
-// pod-a2 would otherwise bypass node2). On node1 a Pod gets them too.
+// outside clients are refused there, but node2's Pod and node2 itself reach
+// the endpoints on node1, masqueraded to node2's address (the connection
+// crosses nodes); on node1 a Pod gets them too. A Pod of node1 reaching
+// node2's NodePort is external there, as upstream's e2e ("should fallback
+// to local terminating endpoints ... externalTrafficPolicy=Local") expects:
+// refused.
 func (e *semEnv) inClusterLocal(t *testing.T, s *services) {
 	np := nodePortOf(t, s.loc, corev1.ProtocolTCP)
 	var np6 int32
@@ -404,7 +406,6 @@ func (e *semEnv) inClusterLocal(t *testing.T, s *services) {
 		{&podB.Netns, hostPort(e.node2.IP, np), e.node2.IP, []string{"pod-a", "pod-a2"}},
 		{node2, hostPort(lbLocalIP, 80), e.node2.IP, []string{"pod-a", "pod-a2"}},
 		{node2, hostPort(e.node2.IP, np), e.node2.IP, []string{"pod-a", "pod-a2"}},
-		{&podA.Netns, hostPort(e.node2.IP, np), e.node2.IP, []string{"pod-a", "pod-a2"}},
 		{&podB.Netns, hostPort(e.node2.IP6, np6), e.node2.IP6, []string{"pod-a"}},
 		{&podA.Netns, hostPort(lbLocalIP, 80), "", []string{"pod-a", "pod-a2"}},
 	} {
@@ -416,6 +417,12 @@ func (e *semEnv) inClusterLocal(t *testing.T, s *services) {
 			if !slices.Equal(srcs, []string{c.src}) {
 				t.Errorf("%s -> %s: backend %s saw sources %v, want only node2's %s (masqueraded)", c.from.Name, c.addr, b, srcs, c.src)
 			}
+		}
+	}
+	out := e.mustFail(t, &podA.Netns, "tcp", hostPort(e.node2.IP, np), 3, "2s")
+	for _, f := range failLines(out) {
+		if !strings.Contains(f, "connection refused") {
+			t.Errorf("pod-a -> node2's NodePort: want connection refused (external: no local endpoint), got %q", f)
 		}
 	}
 }

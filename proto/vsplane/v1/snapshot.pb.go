@@ -1173,7 +1173,9 @@ type NodeSettings struct {
 	// masqueraded and which clients of Local external policy count as
 	// in-cluster.
 	LocalDetectMode LocalDetectMode `protobuf:"varint,15,opt,name=local_detect_mode,json=localDetectMode,proto3,enum=vsplane.v1.LocalDetectMode" json:"local_detect_mode,omitempty"`
-	// NODE_CIDR: the node's spec.podCIDRs.
+	// The node's spec.podCIDRs: its own Pods. They tell Pod traffic in
+	// NODE_CIDR mode; in every CIDR mode they tell which clients of Local
+	// external policy are this node's Pods (empty: the cluster CIDRs do).
 	NodePodCidrs []string `protobuf:"bytes,16,rep,name=node_pod_cidrs,json=nodePodCidrs,proto3" json:"node_pod_cidrs,omitempty"`
 	// BRIDGE_INTERFACE: the bridge's name; INTERFACE_NAME_PREFIX: the
 	// prefix of the Pods' host-side interfaces.
