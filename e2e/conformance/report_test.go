@@ -122,9 +122,14 @@ func TestReport(t *testing.T) {
 		}
 	}
 
-	// An explained failure is not reported as unexplained.
-	Explanations["vsplane"][regress] = Explanation{Kind: VsplaneBug, Text: "fixed in abc"}
+	// An explanation for another failure message does not explain it.
+	Explanations["vsplane"][regress] = Explanation{Kind: TestBedLimit, Text: "slow", Message: "Timed out after"}
 	defer delete(Explanations["vsplane"], regress)
+	if r = NewReport("2026-12-03", Focus, runs); !strings.Contains(strings.Join(r.Unexplained, "\n"), regress) {
+		t.Errorf("failure explained by another message's explanation: %v", r.Unexplained)
+	}
+	// An explained failure is not reported as unexplained.
+	Explanations["vsplane"][regress] = Explanation{Kind: VsplaneBug, Text: "fixed in abc", Message: "backend 2"}
 	r = NewReport("2026-12-03", Focus, runs)
 	if strings.Contains(strings.Join(r.Unexplained, "\n"), regress) {
 		t.Errorf("explained failure still unexplained: %v", r.Unexplained)

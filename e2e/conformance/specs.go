@@ -81,6 +81,9 @@ type Explanation struct {
 	// Kind classifies the reason.
 	Kind ExplanationKind
 	Text string
+	// Message, when set, limits the explanation to failures whose message
+	// contains it: the same spec failing another way is not understood.
+	Message string
 }
 
 // ExplanationKind is the class of a failure's reason (issue #24's list).
