@@ -100,8 +100,17 @@ const (
 // the spec's full text. A failure without one is reported as not
 // understood (and `make conformance` fails).
 var Explanations = map[string]map[string]Explanation{
-	"kube-proxy": {},
-	"vsplane":    {},
+	"kube-proxy": {
+		"[sig-network] Services should fallback to local terminating endpoints when there are no ready endpoints with externalTrafficPolicy=Local": {
+			Kind: TestBedLimit, Message: "exec pause-pod-0 -- /bin/sh -x -c curl",
+			Text: "the spec deletes the only endpoint's Pod (100 s grace) and runs five rounds of three kubectl execs; " +
+				"each round also waits out a 5 s connect timeout (by kube-proxy's IPVS code: its fallback to remote endpoints sends pause-pod-0's " +
+				"connection to node1's NodePort to node0's endpoint unmasqueraded and the reply bypasses node1). Under TCG " +
+				"the rounds outlast the grace period: pause-pod-0 finds the endpoint gone (curl exit 7, refused) before the last one " +
+				"(337 s run on 2026-12-03; vsplane refuses that connection at once and passed in 104 s)",
+		},
+	},
+	"vsplane": {},
 }
 
 func (e Explanation) String() string {
