@@ -79,25 +79,12 @@ func fwmarkServers(t *testing.T, mk *memory.Kernel) map[uint32][]string {
 // inClusterChain returns the rules of VSPLANE-IN-CLUSTER and the jumps to it.
 func inClusterChain(t *testing.T, mk *memory.Kernel) (marks, jumps []string) {
 	t.Helper()
-	b, err := mk.Kernel().IPTables.Save(context.Background(), kernel.FamilyIPv4, kernel.TableNAT)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dumps, err := kernel.ParseSave(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range dumps {
-		c, _ := d.Chain(rules.ChainInCluster)
-		marks = c.Rules
-		s, _ := d.Chain(rules.ChainServices)
-		for _, r := range s.Rules {
-			if strings.HasSuffix(r, "-j "+rules.ChainInCluster) {
-				jumps = append(jumps, r)
-			}
+	for _, r := range natRules(t, mk, rules.ChainServices) {
+		if strings.HasSuffix(r, "-j "+rules.ChainInCluster) {
+			jumps = append(jumps, r)
 		}
 	}
-	return marks, jumps
+	return natRules(t, mk, rules.ChainInCluster), jumps
 }
 
 func TestInClusterClientsOfLocalPolicy(t *testing.T) {
