@@ -62,9 +62,12 @@ MOD_ONE=(
 # demand through /sbin/modprobe: IPVS schedulers, ipset types, xt matches and
 # targets, iptables tables, nf_tables. Each module costs ~0.1-0.5 s under TCG.
 # /init loads dummy itself, with numdummies=0 (no stray dummy0).
+# nfnetlink and ip_set too: agents of several nodes starting at once raced
+# each other's on-demand load of nfnetlink (EPROTONOSUPPORT on the socket).
 BOOT_MODULES=(
   virtio_pci virtio_net veth bridge ip_vs ip_vs_rr
   nf_conntrack iptable_filter iptable_nat xt_MASQUERADE xt_conntrack
+  nfnetlink ip_set
 )
 
 # The base archive is keyed by this script, the kernel and the host packages it copies.

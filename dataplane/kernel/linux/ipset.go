@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -32,7 +33,7 @@ var _ kernel.IPSets = (*IPSets)(nil)
 // NewIPSets opens a netfilter netlink socket in the caller's network
 // namespace and checks the kernel speaks the ipset protocol.
 func NewIPSets() (*IPSets, error) {
-	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+	s, err := openNetfilterSocket()
 	if err != nil {
 		return nil, fmt.Errorf("ipset: open netfilter netlink socket: %w", err)
 	}
@@ -51,6 +52,24 @@ func NewIPSets() (*IPSets, error) {
 		return nil, fmt.Errorf("ipset: %w", err)
 	}
 	return h, nil
+}
+
+// nfnetlinkLoadWait bounds how long NewIPSets waits for nfnetlink to finish
+// loading. Opening the socket makes the kernel load the module; when another
+// process's load of it is still running (agents of several nodes starting
+// together, iptables-nft), the open can fail with EPROTONOSUPPORT before the
+// protocol registers. Seen once in the VM test bed under load.
+const nfnetlinkLoadWait = 5 * time.Second
+
+func openNetfilterSocket() (*nl.NetlinkSocket, error) {
+	deadline := time.Now().Add(nfnetlinkLoadWait)
+	for delay := 20 * time.Millisecond; ; delay *= 2 {
+		s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+		if err == nil || !errors.Is(err, unix.EPROTONOSUPPORT) || time.Now().After(deadline) {
+			return s, err
+		}
+		time.Sleep(delay)
+	}
 }
 
 // Close releases the netlink sockets.
