@@ -200,7 +200,8 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources,
 				Draining: s.Draining, DrainsCompleted: s.DrainsCompleted, DrainsTimedOut: s.DrainsTimedOut,
 				RestoreFailures:          byFamilyName(s.RestoreFailures),
-				NoLocalEndpointsInternal: s.NoLocalEndpointsInternal, NoLocalEndpointsExternal: s.NoLocalEndpointsExternal}
+				NoLocalEndpointsInternal: s.NoLocalEndpointsInternal, NoLocalEndpointsExternal: s.NoLocalEndpointsExternal,
+				StaleFlowsDeleted: s.StaleFlowsDeleted, StaleFlowSweepErrors: s.StaleFlowSweepErrors}
 		},
 	})
 	if err != nil {
@@ -324,12 +325,16 @@ func NewLinuxKernel(ctx context.Context, log *zap.Logger) (kernel.Kernel, error)
 	if err != nil {
 		return kernel.Kernel{}, fmt.Errorf("ipsets: %w", err)
 	}
+	ct, err := linux.NewConntrack()
+	if err != nil {
+		return kernel.Kernel{}, fmt.Errorf("conntrack: %w", err)
+	}
 	r := <-iptc
 	ipt, err := r.ipt, r.err
 	if err != nil {
 		return kernel.Kernel{}, fmt.Errorf("iptables: %w", err)
 	}
-	return kernel.Kernel{IPVS: ipvs, IPSets: sets, Links: links, IPTables: ipt, Sysctl: linux.NewSysctl(linux.DefaultSysctlRoot)}, nil
+	return kernel.Kernel{IPVS: ipvs, IPSets: sets, Links: links, IPTables: ipt, Sysctl: linux.NewSysctl(linux.DefaultSysctlRoot), Conntrack: ct}, nil
 }
 
 // capabilities describes the node's kernel for the Hello.

@@ -39,6 +39,9 @@ type Stats struct {
 	// NoLocalEndpointsInternal/External: Services with that Local policy,
 	// endpoints in the cluster and none on this node.
 	NoLocalEndpointsInternal, NoLocalEndpointsExternal int
+	// StaleFlowsDeleted counts UDP conntrack entries deleted as stale,
+	// StaleFlowSweepErrors the sweeps that failed; monotonic.
+	StaleFlowsDeleted, StaleFlowSweepErrors uint64
 }
 
 // Options configure the agent metrics.
@@ -74,6 +77,10 @@ var (
 	noLocalDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
 		"Services with a Local traffic policy and endpoints in the cluster but none on this node, by policy (internal, external).",
 		[]string{"traffic_policy"}, nil)
+	staleFlowsDesc = prometheus.NewDesc("vsplane_agent_stale_conntrack_entries_deleted_total",
+		"UDP conntrack entries deleted because their reply source is none of their virtual server's real servers (kube-proxy's conntrack cleanup).", nil, nil)
+	staleSweepErrorsDesc = prometheus.NewDesc("vsplane_agent_stale_conntrack_sweep_errors_total",
+		"Sweeps of stale UDP conntrack entries that failed (retried at the next UDP change or full reconcile that writes one).", nil, nil)
 	lastDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		"The last time the kernel state was successfully synced (a Delta applied or a full reconcile ran).", nil, nil)
 )
@@ -235,6 +242,8 @@ func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- drainsDesc
 	ch <- restoreFailuresDesc
 	ch <- noLocalDesc
+	ch <- staleFlowsDesc
+	ch <- staleSweepErrorsDesc
 	ch <- lastDesc
 }
 
@@ -257,6 +266,8 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(noLocalDesc, prometheus.GaugeValue, float64(s.NoLocalEndpointsInternal), "internal")
 		ch <- prometheus.MustNewConstMetric(noLocalDesc, prometheus.GaugeValue, float64(s.NoLocalEndpointsExternal), "external")
+		ch <- prometheus.MustNewConstMetric(staleFlowsDesc, prometheus.CounterValue, float64(s.StaleFlowsDeleted))
+		ch <- prometheus.MustNewConstMetric(staleSweepErrorsDesc, prometheus.CounterValue, float64(s.StaleFlowSweepErrors))
 		if s.LastFullReconcile.After(last) {
 			last = s.LastFullReconcile
 		}

@@ -27,6 +27,8 @@ import (
 //	syncChanges           sync the touched objects (the first Delta, or a
 //	                      change of exclude_cidrs: everything, full.go)
 //	syncIPTables          iptables, when the rendering changed
+//	sweepStaleFlows       stale conntrack entries of the UDP virtual
+//	                      servers written (every one on the first Delta)
 //	toEvaluate            the resources whose outcome may have changed
 //	recordOutcomes        applied / failed per resource (status.go)
 //	ack                   the Ack: NACKs of what the Delta named
@@ -54,6 +56,7 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	r.syncChanges(p, c, prev, first)
 	// iptables depend on every resource at once: blame the changed ones.
 	p.syncIPTables(first, c.names)
+	r.sweepStaleFlows(p, first)
 	evaluate := r.toEvaluate(p, c, first)
 	r.recordOutcomes(p, evaluate)
 	r.scheduleDrains(r.cfg.Now(), false)

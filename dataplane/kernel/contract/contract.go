@@ -29,6 +29,16 @@ func Run(t *testing.T, newKernel func(t *testing.T) kernel.Kernel) {
 	})
 	t.Run("Sysctl", func(t *testing.T) { RunSysctl(t, func(t *testing.T) kernel.Sysctl { return newKernel(t).Sysctl }) })
 	t.Run("IPSetsWithIPTables", func(t *testing.T) { RunIPSetsWithIPTables(t, newKernel) })
+	t.Run("Conntrack", func(t *testing.T) {
+		RunConntrack(t, func(t *testing.T) (kernel.Conntrack, ConntrackSeeder) {
+			c := newKernel(t).Conntrack
+			s, ok := c.(ConntrackSeeder)
+			if !ok {
+				t.Fatalf("%T cannot seed entries: it must also be a contract.ConntrackSeeder (in tests)", c)
+			}
+			return c, s
+		})
+	})
 }
 
 // seq makes names and addresses unique within one test process.

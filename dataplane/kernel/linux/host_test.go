@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/contract"
@@ -201,5 +202,54 @@ func TestIPSetsApplyEntriesBatches(t *testing.T) {
 	// The single calls have their own socket.
 	if err := s.AddEntry(set, kernel.Entry{IP: netip.MustParseAddr("198.18.199.1")}); err != nil {
 		t.Errorf("single add after the batch socket broke: %v", err)
+	}
+}
+
+func newConntrack(t *testing.T) *linux.Conntrack {
+	t.Helper()
+	requireNetns(t)
+	c, err := linux.NewConntrack()
+	if err != nil {
+		t.Fatalf("conntrack netlink unavailable: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// TestConntrackContract needs nf_conntrack and nf_conntrack_netlink (this
+// host has both; IPVS is not needed).
+func TestConntrackContract(t *testing.T) {
+	c := newConntrack(t)
+	contract.RunConntrack(t, func(*testing.T) (kernel.Conntrack, contract.ConntrackSeeder) { return c, c })
+}
+
+// TestConntrackVanishedEntry: an entry that expires between the dump and
+// its delete is no error; netlink v1.3.1 counts it as deleted (the
+// kernel's ENOENT is success to it), as the interface says.
+func TestConntrackVanishedEntry(t *testing.T) {
+	c := newConntrack(t)
+	client := netip.MustParseAddrPort("198.18.127.1:40000")
+	e := kernel.ConntrackEntry{Protocol: kernel.ProtocolUDP,
+		Orig:  kernel.ConntrackTuple{Src: client, Dst: netip.MustParseAddrPort("198.18.127.2:53")},
+		Reply: kernel.ConntrackTuple{Src: netip.MustParseAddrPort("198.18.127.3:5353"), Dst: client}}
+	if err := c.CreateConntrackEntry(e, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.DeleteEntries(kernel.FamilyIPv4, kernel.ProtocolUDP, func(got kernel.ConntrackEntry) bool {
+		if got != e {
+			return false
+		}
+		time.Sleep(2 * time.Second) // the dump is done; the entry expires
+		return true
+	})
+	if err != nil {
+		t.Fatalf("delete of an entry that expired meanwhile: %v", err)
+	}
+	if n != 1 {
+		t.Errorf("deleted %d; netlink v1.3.1 counts the expired entry: if it no longer does, update kernel.Conntrack's contract", n)
+	}
+	left, err := c.ListConntrackEntries(kernel.FamilyIPv4, kernel.ProtocolUDP)
+	if err != nil || slices.Contains(left, e) {
+		t.Errorf("entry still listed (%v): %+v", err, left)
 	}
 }

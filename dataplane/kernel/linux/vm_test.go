@@ -148,10 +148,10 @@ func TestVMIPVSSysctls(t *testing.T) {
 
 // TestVMFullContract runs every suite against one real kernel.
 func TestVMFullContract(t *testing.T) {
-	v, l, s := newIPVS(t), newLinks(t), newIPSets(t)
+	v, l, s, c := newIPVS(t), newLinks(t), newIPSets(t), newConntrack(t)
 	ipt := newIPTables(t, "")
 	contract.Run(t, func(*testing.T) kernel.Kernel {
-		return kernel.Kernel{IPVS: v, IPSets: s, Links: l, IPTables: ipt, Sysctl: linux.NewSysctl("")}
+		return kernel.Kernel{IPVS: v, IPSets: s, Links: l, IPTables: ipt, Sysctl: linux.NewSysctl(""), Conntrack: c}
 	})
 }
 

@@ -5,7 +5,8 @@
 //
 // Beyond the kernel interfaces it offers test hooks: SetFault to make
 // operations fail, Calls to count mutating operations, SetConnections to
-// simulate IPVS connection counts, AddInterface to add node interfaces.
+// simulate IPVS connection counts, AddInterface to add node interfaces,
+// AddConntrackEntry to seed connection-tracking entries.
 package memory
 
 import (
@@ -32,17 +33,19 @@ type Kernel struct {
 	// setting it returns.
 	hashsize    int
 	hashsizeErr error
+	conntrack   map[conntrackKey]kernel.ConntrackEntry
 }
 
 // New returns an empty simulated namespace: no virtual servers, no sets,
 // no interfaces, empty iptables tables, default sysctls, kernel 6.1.0.
 func New() *Kernel {
 	k := &Kernel{
-		calls:    map[string]int{},
-		sets:     map[string]*set{},
-		iptables: map[kernel.Family]map[kernel.Table]*table{},
-		iptInfo:  kernel.IPTablesInfo{Backend: kernel.BackendNFT, Version: "1.8.9", RandomFully: true},
-		release:  "6.1.0-memory",
+		calls:     map[string]int{},
+		sets:      map[string]*set{},
+		iptables:  map[kernel.Family]map[kernel.Table]*table{},
+		iptInfo:   kernel.IPTablesInfo{Backend: kernel.BackendNFT, Version: "1.8.9", RandomFully: true},
+		release:   "6.1.0-memory",
+		conntrack: map[conntrackKey]kernel.ConntrackEntry{},
 	}
 	k.ipvs.init()
 	k.links.init()
@@ -54,11 +57,12 @@ func New() *Kernel {
 // Kernel returns the interfaces backed by k.
 func (k *Kernel) Kernel() kernel.Kernel {
 	return kernel.Kernel{
-		IPVS:     (*IPVS)(k),
-		IPSets:   (*IPSets)(k),
-		Links:    (*Links)(k),
-		IPTables: (*IPTables)(k),
-		Sysctl:   (*Sysctl)(k),
+		IPVS:      (*IPVS)(k),
+		IPSets:    (*IPSets)(k),
+		Links:     (*Links)(k),
+		IPTables:  (*IPTables)(k),
+		Sysctl:    (*Sysctl)(k),
+		Conntrack: (*Conntrack)(k),
 	}
 }
 
