@@ -201,6 +201,13 @@ func (p *Proc) Log(ctx context.Context) (string, error) {
 	return string(resp.Log), err
 }
 
+// LogTail returns the last maxBytes bytes of the process's output (the
+// first line may be cut): cheap enough to poll, no process is started.
+func (p *Proc) LogTail(ctx context.Context, maxBytes int) (string, error) {
+	resp, err := p.vm.call(ctx, wire.Request{Op: wire.OpLog, Name: p.Name, MaxBytes: maxBytes})
+	return string(resp.Log), err
+}
+
 // AwaitLog waits (polling, bounded by ctx) until the process's log contains
 // substr, returning the log. It fails early if the process exits first.
 func (p *Proc) AwaitLog(ctx context.Context, substr string) (string, error) {

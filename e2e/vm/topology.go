@@ -106,7 +106,9 @@ func NewTopology(ctx context.Context, v *VM) (*Topology, error) {
 // NewTopologyWith sets up the VM root namespace: bridge vsbr0 (198.19.0.1/24,
 // with IPv6 also 2001:2:0:100::1/64) and MASQUERADE of node and pod traffic
 // leaving through eth0, so that every namespace reaches the host's forwarded
-// loopback ports at 198.19.255.100. Call it once per VM.
+// loopback ports at 198.19.255.100. The Service range is unreachable there:
+// a packet for a Service address no node serves (a deleted Service) fails in
+// the VM instead of leaving it through slirp. Call it once per VM.
 func NewTopologyWith(ctx context.Context, v *VM, opts TopologyOptions) (*Topology, error) {
 	script := fmt.Sprintf(`set -e
 /usr/sbin/ip -batch - <<EOF
@@ -115,7 +117,8 @@ addr add %[2]s/24 dev %[1]s
 link set %[1]s up
 EOF
 iptables -t nat -A POSTROUTING -s 198.19.0.0/16 -o eth0 -j MASQUERADE
-`, BridgeName, BridgeIP)
+/usr/sbin/ip route add unreachable %[3]s
+`, BridgeName, BridgeIP, ServiceNet)
 	if opts.IPv6 {
 		// New namespaces inherit the root's settings (IPv6 included), so
 		// DAD is off everywhere: no tentative addresses, no waiting.
@@ -124,7 +127,8 @@ echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
 echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
 echo 1 > /proc/sys/net/ipv6/conf/all/forwarding
 /usr/sbin/ip addr add %s/64 dev %s nodad
-`, BridgeIP6, BridgeName)
+/usr/sbin/ip -6 route add unreachable %s
+`, BridgeIP6, BridgeName, ServiceNet6)
 	}
 	if _, err := v.RunOK(ctx, script); err != nil {
 		return nil, fmt.Errorf("set up VM root namespace: %w", err)

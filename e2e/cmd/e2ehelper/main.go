@@ -4,6 +4,7 @@
 //	e2ehelper serve   --name NAME [--tcp ADDR] [--udp ADDR]
 //	e2ehelper request --proto tcp|udp --addr HOST:PORT [--count N] [--timeout D] [--interval D] [--source-from IP] [--source-port P] [--stop-file PATH]
 //	e2ehelper hold    --addr HOST:PORT [--interval D] [--duration D] [--timeout D]
+//	e2ehelper flow    --addr HOST:PORT --source-port P --phase-file PATH --stop-file PATH [--interval D] [--timeout D] [--max N]
 //	e2ehelper wait    --addr HOST:PORT [--timeout D]
 //	e2ehelper connect-proxy [--listen ADDR] [--allow CIDR,...]
 //
@@ -12,7 +13,9 @@
 // it receives as "NAME echo: LINE\n" until the peer closes, which lets hold keep
 // one long-lived connection. request prints one line per attempt and a summary
 // (see report); it exits 1 if any attempt failed. wait polls until a TCP
-// connection succeeds. connect-proxy tunnels HTTP CONNECT to targets in the
+// connection succeeds. flow sends one UDP datagram
+// per interval from one fixed source port and logs each attempt with its
+// time and phase (package e2e/vm/flowlog). connect-proxy tunnels HTTP CONNECT to targets in the
 // allowed ranges (the apiserver's way into the real-node test bed).
 package main
 
@@ -33,7 +36,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait|connect-proxy [flags]")
+		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait|flow|connect-proxy [flags]")
 		return 2
 	}
 	var err error
@@ -46,6 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = holdCmd(ctx, args[1:], stdout, stderr)
 	case "wait":
 		err = waitCmd(ctx, args[1:], stdout, stderr)
+	case "flow":
+		err = flowCmd(ctx, args[1:], stdout, stderr)
 	case "connect-proxy":
 		err = connectProxyCmd(ctx, args[1:], stdout, stderr)
 	default:

@@ -157,6 +157,58 @@ func TestRequestStopFile(t *testing.T) {
 	}
 }
 
+// TestFlow: every datagram leaves from the one source port, each attempt is
+// labelled with the phase file's word at the time, and the stop file ends it.
+func TestFlow(t *testing.T) {
+	_, udpAddr := startServe(t, "pod-f")
+	dir := t.TempDir()
+	phase, stop := filepath.Join(dir, "phase"), filepath.Join(dir, "stop")
+	if err := os.WriteFile(phase, []byte("first\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close()
+	out := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(context.Background(), []string{"flow", "--addr", udpAddr, "--source-port", fmt.Sprint(port),
+			"--interval", "5ms", "--timeout", "2s", "--phase-file", phase, "--stop-file", stop}, out, io.Discard)
+	}()
+	awaitOut := func(re string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !regexp.MustCompile(re).MatchString(out.String()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in %s", re, out.String())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	awaitOut(`(?m)^\d+ first ok pod-f from 127\.0\.0\.1:` + fmt.Sprint(port) + `$`)
+	if err := os.WriteFile(phase, []byte("second"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	awaitOut(`(?m)^\d+ second ok pod-f from 127\.0\.0\.1:` + fmt.Sprint(port) + `$`)
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the flow did not stop")
+	}
+	if strings.Contains(out.String(), " fail ") || strings.Count(out.String(), "from 127.0.0.1:"+fmt.Sprint(port)) != strings.Count(out.String(), "\n") {
+		t.Errorf("every attempt must answer from the fixed source port:\n%s", out.String())
+	}
+}
+
 func TestHold(t *testing.T) {
 	tcpAddr, _ := startServe(t, "pod-b")
 	var out, errOut bytes.Buffer
@@ -207,6 +259,8 @@ func TestUsageErrors(t *testing.T) {
 		{"hold", "--addr", "a:1", "--duration", "2h"},
 		{"wait"},
 		{"request", "--bogus"},
+		{"flow", "--addr", "a:1", "--phase-file", "p", "--stop-file", "s"},
+		{"flow", "--addr", "a:1", "--source-port", "4000", "--stop-file", "s"},
 	} {
 		t.Run(fmt.Sprint(args), func(t *testing.T) {
 			var out, errOut bytes.Buffer

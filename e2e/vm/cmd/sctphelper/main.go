@@ -4,15 +4,20 @@
 //
 //	sctphelper serve   --name NAME --addr :PORT
 //	sctphelper request --addr HOST:PORT [--count N] [--timeout D]
+//	sctphelper flow    --addr HOST:PORT --source-port P --phase-file PATH --stop-file PATH [--interval D] [--timeout D] [--max N]
 //
 // serve answers each association with "NAME from IP:PORT\n" (the peer as the
-// server saw it) and closes it; it prints "ready" once it listens. request
-// prints one line per attempt and a final wire.Summary line like e2ehelper
-// request (answers per backend name); it exits 1 if any attempt failed.
-// IPv4 only.
+// server saw it), and again for every message the peer sends; it prints
+// "ready" once it listens. request prints one line per attempt and a final
+// wire.Summary line like e2ehelper request (answers per backend name); it
+// exits 1 if any attempt failed. flow keeps one association and sends a line
+// per interval, connecting again from the same source port after a failed
+// attempt, and logs each attempt with its time and phase (package
+// e2e/vm/flowlog). IPv4 only.
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -27,12 +32,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vsplane/vsplane/e2e/vm/flowlog"
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: sctphelper serve|request [flags]")
+		fmt.Fprintln(os.Stderr, "usage: sctphelper serve|request|flow [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -41,6 +47,8 @@ func main() {
 		err = serve(os.Args[2:], os.Stdout)
 	case "request":
 		err = request(os.Args[2:], os.Stdout)
+	case "flow":
+		err = flow(os.Args[2:], os.Stdout)
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -103,14 +111,22 @@ func serve(args []string, out io.Writer) error {
 	}
 }
 
+// answer greets the association, then answers each message it sends the
+// same way until the peer closes (request reads the greeting and closes;
+// flow keeps sending) or stays silent for 30 s.
 func answer(fd int, name string, peer unix.Sockaddr) {
 	defer unix.Close(fd)
-	msg := fmt.Sprintf("%s from %s\n", name, sockaddrString(peer))
-	_, _ = unix.Write(fd, []byte(msg))
-	// Let the client read and close first (graceful SHUTDOWN either way).
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
-	buf := make([]byte, 64)
-	_, _ = unix.Read(fd, buf)
+	msg := []byte(fmt.Sprintf("%s from %s\n", name, sockaddrString(peer)))
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 30})
+	buf := make([]byte, 256)
+	for {
+		if _, err := unix.Write(fd, msg); err != nil {
+			return
+		}
+		if n, err := unix.Read(fd, buf); err != nil || n == 0 {
+			return
+		}
+	}
 }
 
 func request(args []string, out io.Writer) error {
@@ -153,24 +169,113 @@ func request(args []string, out io.Writer) error {
 	return nil
 }
 
+func flow(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("flow", flag.ContinueOnError)
+	f := flowlog.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := f.Check(); err != nil {
+		return err
+	}
+	sa, err := sockaddr(f.Addr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	a := &association{sa: sa, timeout: f.Timeout, port: f.SourcePort, fd: -1}
+	defer a.close()
+	return flowlog.Run(ctx, f.Options, func(context.Context) (string, error) { return a.attempt() }, out)
+}
+
+// association is flow's one long-lived association, as SCTP applications
+// keep theirs: each attempt sends a line and reads the answer; a failed
+// attempt closes it and the next one connects again, from the same port.
+type association struct {
+	sa      unix.Sockaddr
+	timeout time.Duration
+	port    int
+	fd      int // -1: not connected
+}
+
+func (a *association) attempt() (string, error) {
+	if a.fd < 0 {
+		fd, err := dial(a.sa, a.timeout, a.port)
+		if err != nil {
+			return "", err
+		}
+		a.fd = fd
+		line, err := readLine(fd)
+		if err != nil {
+			a.close()
+		}
+		return line, err
+	}
+	if _, err := unix.Write(a.fd, []byte("ping\n")); err != nil {
+		a.close()
+		return "", fmt.Errorf("send: %w", err)
+	}
+	line, err := readLine(a.fd)
+	if err != nil {
+		a.close()
+	}
+	return line, err
+}
+
+func (a *association) close() {
+	if a.fd >= 0 {
+		unix.Close(a.fd)
+		a.fd = -1
+	}
+}
+
 // once makes one association, reads the answer line and closes.
 func once(sa unix.Sockaddr, timeout time.Duration) (string, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+	fd, err := dial(sa, timeout, 0)
 	if err != nil {
-		return "", fmt.Errorf("SCTP socket (is the sctp module there?): %w", err)
+		return "", err
 	}
 	defer unix.Close(fd)
+	return readLine(fd)
+}
+
+// dial connects an association (from localPort unless 0) whose sends,
+// connect and reads time out after timeout.
+func dial(sa unix.Sockaddr, timeout time.Duration, localPort int) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+	if err != nil {
+		return -1, fmt.Errorf("SCTP socket (is the sctp module there?): %w", err)
+	}
+	fail := func(err error) (int, error) {
+		unix.Close(fd)
+		return -1, err
+	}
+	if localPort > 0 {
+		// The same port again while the last association from it closes.
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			return fail(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: localPort}); err != nil {
+			return fail(fmt.Errorf("bind source port %d: %w", localPort, err))
+		}
+	}
 	tv := unix.NsecToTimeval(timeout.Nanoseconds())
 	// SO_SNDTIMEO bounds a blocking connect too (sctp_wait_for_connect).
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
-		return "", err
+		return fail(err)
 	}
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		return "", err
+		return fail(err)
 	}
 	if err := unix.Connect(fd, sa); err != nil {
-		return "", fmt.Errorf("connect: %w", err)
+		return fail(fmt.Errorf("connect: %w", err))
 	}
+	return fd, nil
+}
+
+// readLine reads one answer line.
+func readLine(fd int) (string, error) {
 	var got []byte
 	buf := make([]byte, 256)
 	for !strings.Contains(string(got), "\n") {
