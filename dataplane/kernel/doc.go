@@ -1,5 +1,5 @@
 // Package kernel defines the agent's narrow view of the Linux kernel: one
-// interface per subsystem (IPVS, IPSets, Links, IPTables, Sysctl) with this
+// interface per subsystem (IPVS, IPSets, Links, IPTables, Sysctl, Conntrack) with this
 // package's own value types, so no netlink or moby type leaks into the
 // reconciler.
 //
@@ -7,7 +7,7 @@
 //   - kernel/memory: in memory, goroutine-safe, for unit tests and scale
 //     simulation.
 //   - kernel/linux: the real kernel (moby/ipvs, vishvananda/netlink,
-//     iptables-restore, /proc/sys).
+//     iptables-restore, /proc/sys, ctnetlink).
 //
 // Both must pass the suite in kernel/contract; where they disagree the
 // memory implementation is wrong.
