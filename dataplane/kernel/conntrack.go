@@ -46,16 +46,17 @@ func (e ConntrackEntry) Validate() error {
 //   - DeleteEntries dumps family's table once and deletes each entry of
 //     protocol proto for which stale returns true; it returns how many it
 //     deleted. Entries that vanish meanwhile (expired, deleted by someone
-//     else) are neither errors nor counted (but the Linux side counts the
-//     ones that vanish between the dump and their delete: netlink v1.3.1
-//     takes the kernel's ENOENT for success).
+//     else), also between the dump and their delete, are neither errors
+//     nor counted.
 //   - stale sees only entries of family and proto; other protocols' and
 //     families' entries are never passed to it. It runs during the dump and
 //     must not call back into the Conntrack.
 //   - An invalid family or protocol, or a nil stale: ErrInvalid, and
 //     nothing is touched.
-//   - SCTP: ErrUnsupported (netlink v1.3.1 does not parse SCTP ports, so
-//     stale could not judge the entries; kube-proxy only cleans UDP).
+//   - TCP, UDP and SCTP entries are judged alike, by addresses and ports
+//     (kube-proxy cleans UDP only; the agent also cleans SCTP).
+//   - Only entries of conntrack zone 0 are listed (IPVS's and the
+//     proxies'); a delete by tuple cannot reach another zone's.
 //   - Safe for concurrent use.
 type Conntrack interface {
 	DeleteEntries(family Family, proto Protocol, stale func(ConntrackEntry) bool) (int, error)
@@ -71,8 +72,6 @@ func CheckConntrackDelete(family Family, proto Protocol, stale func(ConntrackEnt
 		return fmt.Errorf("conntrack: protocol %s: %w", proto, ErrInvalid)
 	case stale == nil:
 		return fmt.Errorf("conntrack: nil stale func: %w", ErrInvalid)
-	case proto == ProtocolSCTP:
-		return fmt.Errorf("conntrack: sctp entries cannot be judged (no ports from netlink): %w", ErrUnsupported)
 	}
 	return nil
 }

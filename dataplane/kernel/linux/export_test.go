@@ -47,33 +47,30 @@ func (c *Conntrack) CreateConntrackEntry(e kernel.ConntrackEntry, timeout time.D
 		// Without a state the kernel keeps a TCP entry in NONE.
 		flow.ProtoInfo = &netlink.ProtoInfoTCP{State: nl.TCP_CONNTRACK_ESTABLISHED}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.h.ConntrackCreate(netlink.ConntrackTable, netlink.InetFamily(fam), flow); err != nil {
+	// netlink's own create request carries SCTP ports too (only its
+	// parser lacks them); it runs on its own socket in this namespace.
+	if err := netlink.ConntrackCreate(netlink.ConntrackTable, netlink.InetFamily(fam), flow); err != nil {
 		return conntrackError(fmt.Sprintf("create conntrack entry %+v", e), err)
 	}
 	return nil
 }
 
-// ListConntrackEntries dumps the entries of family and proto.
+// ListConntrackEntries dumps the entries of family and proto with the
+// same parser DeleteEntries judges them by.
 func (c *Conntrack) ListConntrackEntries(family kernel.Family, proto kernel.Protocol) ([]kernel.ConntrackEntry, error) {
 	if !family.Valid() || !proto.Valid() {
 		return nil, fmt.Errorf("list conntrack %s %s: %w", family, proto, kernel.ErrInvalid)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	flows, err := c.h.ConntrackTableList(netlink.ConntrackTable, netlink.InetFamily(nfproto(family)))
-	if err != nil {
-		return nil, conntrackError(fmt.Sprintf("list conntrack %s %s", family, proto), err)
-	}
 	var out []kernel.ConntrackEntry
-	for _, f := range flows {
-		if f.FamilyType != nfproto(family) || f.Forward.Protocol != uint8(proto) {
-			continue
-		}
-		if e, ok := conntrackEntry(family, f); ok {
+	err := c.dump(family, func(e kernel.ConntrackEntry) {
+		if e.Protocol == proto {
 			out = append(out, e)
 		}
+	})
+	if err != nil {
+		return nil, conntrackError(fmt.Sprintf("list conntrack %s %s", family, proto), err)
 	}
 	return out, nil
 }
