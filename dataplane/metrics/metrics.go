@@ -39,7 +39,7 @@ type Stats struct {
 	// NoLocalEndpointsInternal/External: Services with that Local policy,
 	// endpoints in the cluster and none on this node.
 	NoLocalEndpointsInternal, NoLocalEndpointsExternal int
-	// StaleFlowsDeleted counts UDP conntrack entries deleted as stale,
+	// StaleFlowsDeleted counts UDP and SCTP conntrack entries deleted as stale,
 	// StaleFlowSweepErrors the sweeps that failed; monotonic.
 	StaleFlowsDeleted, StaleFlowSweepErrors uint64
 }
@@ -78,9 +78,9 @@ var (
 		"Services with a Local traffic policy and endpoints in the cluster but none on this node, by policy (internal, external).",
 		[]string{"traffic_policy"}, nil)
 	staleFlowsDesc = prometheus.NewDesc("vsplane_agent_stale_conntrack_entries_deleted_total",
-		"UDP conntrack entries deleted because their reply source is none of their virtual server's real servers (kube-proxy's conntrack cleanup).", nil, nil)
+		"UDP and SCTP conntrack entries deleted because their reply source is none of their virtual server's real servers (kube-proxy's conntrack cleanup, for UDP).", nil, nil)
 	staleSweepErrorsDesc = prometheus.NewDesc("vsplane_agent_stale_conntrack_sweep_errors_total",
-		"Sweeps of stale UDP conntrack entries that failed (retried at the next UDP change or full reconcile that writes one).", nil, nil)
+		"Sweeps of stale UDP or SCTP conntrack entries that failed (retried at the next UDP or SCTP change or full reconcile).", nil, nil)
 	lastDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		"The last time the kernel state was successfully synced (a Delta applied or a full reconcile ran).", nil, nil)
 )

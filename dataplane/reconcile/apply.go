@@ -27,8 +27,8 @@ import (
 //	syncChanges           sync the touched objects (the first Delta, or a
 //	                      change of exclude_cidrs: everything, full.go)
 //	syncIPTables          iptables, when the rendering changed
-//	sweepStaleFlows       stale conntrack entries of the UDP virtual
-//	                      servers written (every one on the first Delta)
+//	sweepStaleFlows       stale conntrack entries of the UDP and SCTP
+//	                      virtual servers written (every one on the first Delta)
 //	toEvaluate            the resources whose outcome may have changed
 //	recordOutcomes        applied / failed per resource (status.go)
 //	ack                   the Ack: NACKs of what the Delta named

@@ -65,7 +65,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 	r.admission.update(r.desired, nil)
 	r.syncAll(p, read, since)
 	p.syncIPTables(true, nil)
-	r.sweepStaleFlows(p, false)
+	r.sweepStaleFlows(p, true)
 	r.recordOutcomes(p, slices.Collect(maps.Keys(r.desired.res)))
 	now := r.cfg.Now()
 	r.scheduleDrains(now, false)

@@ -86,8 +86,9 @@ type pass struct {
 	entryq    writeQueue[kernel.EntryOp]
 	addFailed map[kernel.VirtualServerKey]bool
 	dummyMade bool
-	// udpWritten are the UDP virtual servers the pass wrote (staleflows.go).
-	udpWritten map[kernel.VirtualServerKey]struct{}
+	// flowsWritten are the UDP and SCTP virtual servers the pass wrote
+	// (staleflows.go).
+	flowsWritten map[kernel.VirtualServerKey]struct{}
 }
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {

@@ -84,7 +84,7 @@ func outcome[T any](errs []error, i int, op T, name func(T) string) error {
 
 // queueIPVS adds an IPVS write; done (may be nil) receives its outcome.
 func (p *pass) queueIPVS(op kernel.IPVSOp, done func(error)) {
-	p.noteUDPWrite(op)
+	p.noteFlowWrite(op)
 	if p.ipvsq.add(op, done) {
 		p.flushIPVS()
 	}

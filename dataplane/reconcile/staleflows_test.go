@@ -25,8 +25,9 @@ func udpFlow(client, orig, replySrc string) kernel.ConntrackEntry {
 // After a write to a UDP virtual server, its entries whose reply source is
 // none of its real servers go (those made while nothing served it, those of
 // a replaced endpoint); healthy flows, other servers' and TCP entries stay.
-// Nothing is swept when no UDP server was written, and the first Delta
-// sweeps every UDP server (entries left by whatever ran before).
+// Nothing is swept when no UDP server was written; the first Delta
+// (entries left by whatever ran before) and the periodic full reconcile
+// sweep every UDP server.
 func TestStaleUDPFlowsDeleted(t *testing.T) {
 	ctx := context.Background()
 	dns := svcSpec{name: "dns", vip: "198.18.0.20", port: 53, proto: vsplanev1.Protocol_PROTOCOL_UDP,
@@ -96,13 +97,51 @@ func TestStaleUDPFlowsDeleted(t *testing.T) {
 		t.Errorf("StaleFlowSweepErrors %d, want 1", got)
 	}
 
-	// A drift repair of the server sweeps too.
+	// The periodic full reconcile sweeps every UDP server (other's stale
+	// entry goes now), drift repaired or not.
 	if err := mk.Kernel().IPVS.DeleteVirtualServer(kernel.VirtualServerKey{Family: kernel.FamilyIPv4,
 		Address: netip.MustParseAddr("198.18.0.20"), Protocol: kernel.ProtocolUDP, Port: 53}); err != nil {
 		t.Fatal(err)
 	}
 	r.Reconcile(ctx)
-	if diff := cmp.Diff([]kernel.ConntrackEntry{tcpFlow, leftover, otherPort}, mk.ConntrackEntries(), cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
-		t.Fatalf("after a drift repair (-want +got):\n%s", diff)
+	if diff := cmp.Diff([]kernel.ConntrackEntry{tcpFlow, otherPort}, mk.ConntrackEntries(), cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+		t.Fatalf("after a full reconcile (-want +got):\n%s", diff)
+	}
+}
+
+// SCTP virtual servers are swept like UDP ones (kube-proxy sweeps UDP
+// only): by their own protocol, address and port.
+func TestStaleSCTPFlowsDeleted(t *testing.T) {
+	assoc := svcSpec{name: "assoc", vip: "198.18.0.30", port: 9999, proto: vsplanev1.Protocol_PROTOCOL_SCTP,
+		backends: []backend{be("198.19.1.5", 9999)}}
+	sctpFlow := func(client, orig, replySrc string) kernel.ConntrackEntry {
+		e := udpFlow(client, orig, replySrc)
+		e.Protocol = kernel.ProtocolSCTP
+		return e
+	}
+	healthy := sctpFlow("198.19.3.1:40000", "198.18.0.30:9999", "198.19.1.5:9999")
+	unanswered := sctpFlow("198.19.3.2:40000", "198.18.0.30:9999", "198.18.0.30:9999")
+	otherPort := sctpFlow("198.19.3.3:40000", "198.18.0.30:9998", "198.18.0.30:9998")
+	udpSame := udpFlow("198.19.3.4:40000", "198.18.0.30:9999", "198.18.0.30:9999") // no UDP server there
+
+	mk := memory.New()
+	for _, e := range []kernel.ConntrackEntry{healthy, unanswered, otherPort, udpSame} {
+		if err := mk.AddConntrackEntry(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := newReconciler(t, mk, Config{})
+	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), assoc.resource())))
+	if diff := cmp.Diff([]kernel.ConntrackEntry{udpSame, healthy, otherPort}, mk.ConntrackEntries(), cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+		t.Fatalf("first Delta (-want +got):\n%s", diff)
+	}
+
+	assoc.backends = []backend{be("198.19.1.9", 9999)}
+	mustAck(t, apply(t, r, &vsplanev1.Delta{Nonce: "replace", Resources: []*vsplanev1.Resource{assoc.resource()}}))
+	if diff := cmp.Diff([]kernel.ConntrackEntry{udpSame, otherPort}, mk.ConntrackEntries(), cmpopts.EquateComparable(netip.AddrPort{})); diff != "" {
+		t.Fatalf("after the endpoint change (-want +got):\n%s", diff)
+	}
+	if got := r.Stats().StaleFlowsDeleted; got != 2 {
+		t.Errorf("StaleFlowsDeleted %d, want 2", got)
 	}
 }

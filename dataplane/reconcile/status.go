@@ -54,7 +54,7 @@ type Stats struct {
 	// Local policy, endpoints in the cluster and none on this node
 	// (kubeproxy_sync_proxy_rules_no_local_endpoints_total).
 	NoLocalEndpointsInternal, NoLocalEndpointsExternal int
-	// StaleFlowsDeleted counts the UDP conntrack entries deleted as stale,
+	// StaleFlowsDeleted counts the UDP and SCTP conntrack entries deleted as stale,
 	// StaleFlowSweepErrors the sweeps that failed (staleflows.go).
 	StaleFlowsDeleted, StaleFlowSweepErrors uint64
 }
