@@ -120,10 +120,10 @@ func answer(fd int, name string, peer unix.Sockaddr) {
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 30})
 	buf := make([]byte, 256)
 	for {
-		if _, err := unix.Write(fd, msg); err != nil {
+		if _, err := ignoringEINTR(func() (int, error) { return unix.Write(fd, msg) }); err != nil {
 			return
 		}
-		if n, err := unix.Read(fd, buf); err != nil || n == 0 {
+		if n, err := ignoringEINTR(func() (int, error) { return unix.Read(fd, buf) }); err != nil || n == 0 {
 			return
 		}
 	}
@@ -191,7 +191,7 @@ func flow(args []string, out io.Writer) error {
 
 // association is flow's one long-lived association, as SCTP applications
 // keep theirs: each attempt sends a line and reads the answer; a failed
-// attempt closes it and the next one connects again, from the same port.
+// attempt aborts it and the next one connects again, from the same port.
 type association struct {
 	sa      unix.Sockaddr
 	timeout time.Duration
@@ -212,7 +212,7 @@ func (a *association) attempt() (string, error) {
 		}
 		return line, err
 	}
-	if _, err := unix.Write(a.fd, []byte("ping\n")); err != nil {
+	if _, err := ignoringEINTR(func() (int, error) { return unix.Write(a.fd, []byte("ping\n")) }); err != nil {
 		a.close()
 		return "", fmt.Errorf("send: %w", err)
 	}
@@ -223,8 +223,15 @@ func (a *association) attempt() (string, error) {
 	return line, err
 }
 
+// close aborts the association, as an application gives up on a peer that
+// stopped answering. A graceful close would leave it in the kernel
+// retransmitting SHUTDOWN to the dead peer for minutes, holding the source
+// port (the next connect to the same peer gets EADDRNOTAVAIL) and making
+// conntrack entries of its own wherever the address leads by then (seen in
+// the VM: a flow stuck after its Service was re-created, on either proxy).
 func (a *association) close() {
 	if a.fd >= 0 {
+		_ = unix.SetsockoptLinger(a.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 		unix.Close(a.fd)
 		a.fd = -1
 	}
@@ -261,17 +268,72 @@ func dial(sa unix.Sockaddr, timeout time.Duration, localPort int) (int, error) {
 		}
 	}
 	tv := unix.NsecToTimeval(timeout.Nanoseconds())
-	// SO_SNDTIMEO bounds a blocking connect too (sctp_wait_for_connect).
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
 		return fail(err)
 	}
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return fail(err)
 	}
+	// A non-blocking connect awaited with poll: a blocking one with a
+	// timeout ends in EINTR whenever a signal (Go's preemption) arrives.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return fail(err)
+	}
 	if err := unix.Connect(fd, sa); err != nil {
-		return fail(fmt.Errorf("connect: %w", err))
+		if !errors.Is(err, unix.EINPROGRESS) {
+			return fail(fmt.Errorf("connect: %w", err))
+		}
+		if err := awaitConnected(fd, timeout); err != nil {
+			return fail(fmt.Errorf("connect: %w", err))
+		}
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		return fail(err)
 	}
 	return fd, nil
+}
+
+// awaitConnected waits up to timeout for fd's connect to finish and
+// returns its outcome.
+func awaitConnected(fd int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ms := time.Until(deadline).Milliseconds()
+		if ms <= 0 {
+			return unix.ETIMEDOUT
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}, int(ms))
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return unix.ETIMEDOUT
+		}
+		soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return err
+		}
+		if soErr != 0 {
+			return unix.Errno(soErr)
+		}
+		return nil
+	}
+}
+
+// ignoringEINTR calls f again while it fails with EINTR: on a socket with
+// SO_RCVTIMEO or SO_SNDTIMEO the kernel does not restart a read or write
+// that a signal interrupted, and Go's runtime signals its threads (async
+// preemption) all the time. Without this the helper's associations broke
+// every half minute or so in the VM, flows and server alike.
+func ignoringEINTR(f func() (int, error)) (int, error) {
+	for {
+		n, err := f()
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
 }
 
 // readLine reads one answer line.
@@ -279,7 +341,7 @@ func readLine(fd int) (string, error) {
 	var got []byte
 	buf := make([]byte, 256)
 	for !strings.Contains(string(got), "\n") {
-		n, err := unix.Read(fd, buf)
+		n, err := ignoringEINTR(func() (int, error) { return unix.Read(fd, buf) })
 		if err != nil {
 			return "", fmt.Errorf("read answer: %w", err)
 		}
