@@ -29,6 +29,9 @@ type SpecResult struct {
 	Time    time.Duration `json:"time_ns"`
 	// Message is the failure's (or the spec's own skip's) first line.
 	Message string `json:"message,omitempty"`
+	// Detail is a failure's whole text (what an Explanation's Message may
+	// name: a timeout's first line does not say what it waited for).
+	Detail string `json:"-"`
 }
 
 // junitCase is the part of Ginkgo's JUnit test case this package reads.
@@ -102,6 +105,9 @@ func ParseJUnit(path string, focus *regexp.Regexp) (specs []SpecResult, suiteFai
 				// stopped before it.
 				r.Outcome, r.Message = NotRun, "not reached: the run was stopped before it"
 			}
+			if r.Outcome == Failed {
+				r.Detail = detailOf(c)
+			}
 			specs = append(specs, r)
 		}
 	}
@@ -125,6 +131,18 @@ func outcomeOf(c junitCase) Outcome {
 		return Skipped
 	}
 	return Passed
+}
+
+// detailOf is the whole text of a case's failure and error.
+func detailOf(c junitCase) string {
+	var b strings.Builder
+	if c.Failure != nil {
+		b.WriteString(c.Failure.Message + "\n" + c.Failure.Text + "\n")
+	}
+	if c.Error != nil {
+		b.WriteString(c.Error.Message + "\n" + c.Error.Text)
+	}
+	return b.String()
 }
 
 // messageOf is the first meaningful line of a case's failure, error or

@@ -78,7 +78,7 @@ func NewReport(date, focus string, runs []ProxyRun) Report {
 					row.Why[p] += ": " + o.Message
 				}
 			case Failed:
-				if e, ok := Explanations[p][row.Spec]; ok && strings.Contains(o.Message, e.Message) {
+				if e, ok := Explanations[p][row.Spec]; ok && (strings.Contains(o.Message, e.Message) || strings.Contains(o.Detail, e.Message)) {
 					row.Why[p] = e.String()
 				} else {
 					row.Why[p] = "not yet understood: " + o.Message

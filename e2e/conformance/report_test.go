@@ -23,7 +23,8 @@ func TestParseJUnit(t *testing.T) {
 	}
 	want := []SpecResult{
 		{Spec: "[sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a ClusterIP service",
-			Outcome: Failed, Time: 94250 * time.Millisecond, Message: "Failed to connect to backend 2"},
+			Outcome: Failed, Time: 94250 * time.Millisecond, Message: "Failed to connect to backend 2",
+			Detail: "\n[FAILED] Failed to connect to backend 2\nIn [It] at: conntrack.go:340 @ 12/03/26 08:40:01.1\n\n"},
 		{Spec: "[sig-network] Services should be able to create a functioning NodePort service [Conformance]", Outcome: Passed},
 		{Spec: "[sig-network] Services should be able to up and down services", Outcome: NotRun, Message: "not reached: the run was stopped before it"},
 		{Spec: "[sig-network] Services should implement service.kubernetes.io/headless", Outcome: NotRun, Time: 12500 * time.Millisecond,
@@ -136,6 +137,13 @@ func TestReport(t *testing.T) {
 	}
 	if !strings.Contains(r.Markdown(), "vsplane: vsplane bug: fixed in abc") {
 		t.Errorf("explanation not in the table:\n%s", r.Markdown())
+	}
+	// A message may be matched in the failure's whole text (a timeout's
+	// first line does not say what it waited for).
+	Explanations["vsplane"][regress] = Explanation{Kind: TestBedLimit, Text: "no image", Message: "ImagePullBackOff"}
+	runs[1].Specs[1].Detail = "Failed to connect to backend 2\n  reason: ImagePullBackOff"
+	if r = NewReport("2026-12-03", Focus, runs); strings.Contains(strings.Join(r.Unexplained, "\n"), regress) {
+		t.Errorf("failure with the message in its detail still unexplained: %v", r.Unexplained)
 	}
 }
 
