@@ -1,6 +1,6 @@
 // Package imagebuild runs the project's image builder (scripts/images, its
 // own Go module; `make images`) for tests: vsplane's images, or with
-// -testbed the real-node test bed's (pause, busybox, agnhost, CoreDNS).
+// -testbed the real-node test bed's (pause, busybox, agnhost, CoreDNS, regression-issue-74839).
 package imagebuild
 
 import (

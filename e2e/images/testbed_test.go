@@ -35,10 +35,11 @@ func TestTestbedImagesReproducible(t *testing.T) {
 		t.Fatalf("not reproducible:\n%v\n%v", runs[0], runs[1])
 	}
 	want := map[string][]string{
-		"registry.k8s.io/pause:3.10.2":                     {"/pause"},
-		"registry.k8s.io/e2e-test-images/busybox:1.37.0-2": nil,
-		"registry.k8s.io/e2e-test-images/agnhost:2.66.1":   {"/agnhost"},
-		"registry.k8s.io/coredns/coredns:v1.14.6":          {"/coredns"},
+		"registry.k8s.io/pause:3.10.2":                               {"/pause"},
+		"registry.k8s.io/e2e-test-images/busybox:1.37.0-2":           nil,
+		"registry.k8s.io/e2e-test-images/agnhost:2.66.1":             {"/agnhost"},
+		"registry.k8s.io/coredns/coredns:v1.14.6":                    {"/coredns"},
+		"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5": {"/regression-issue-74839"},
 	}
 	for _, img := range runs[0] {
 		entry, ok := want[img.Ref]

@@ -19,7 +19,7 @@ import (
 
 // BuildImages returns every image the real nodes need: vsplane's two, built
 // from the checkout into workDir (so the nodes run the code under test), and
-// the test bed's (pause, busybox, agnhost, CoreDNS), built once per change of
+// the test bed's (pause, busybox, agnhost, CoreDNS, regression-issue-74839), built once per change of
 // their inputs into repoRoot/.cache/images/testbed-KEY (about 1.5 minutes
 // cold: agnhost and CoreDNS compile from their modules).
 func BuildImages(ctx context.Context, repoRoot, workDir string) ([]DiskImage, error) {

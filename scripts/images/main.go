@@ -56,7 +56,7 @@ func run() error {
 		relockF  = flag.Bool("relock", false, "pin apt's current candidates of the images' Debian packages (and the libraries agnhost's tools need) into -lock and exit")
 		registry = flag.String("registry", "ghcr.io/vsplane", "registry and path the image names start with")
 		tag      = flag.String("tag", "dev", "image tag (also the agent's reported version)")
-		testbed  = flag.Bool("testbed", false, "build the real-node test bed's images (pause, busybox, agnhost, CoreDNS under their upstream names) instead of vsplane's")
+		testbed  = flag.Bool("testbed", false, "build the real-node test bed's images (pause, busybox, agnhost, CoreDNS, regression-issue-74839 under their upstream names) instead of vsplane's")
 	)
 	flag.Parse()
 	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "images: "+format+"\n", args...) }

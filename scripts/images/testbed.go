@@ -20,6 +20,10 @@ const (
 	busyboxRef = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
 	agnhostRef = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 	corednsRef = "registry.k8s.io/coredns/coredns:v1.14.6"
+	// boomRef is the Conntrack spec "should not be vulnerable to the
+	// invalid conntrack state bug" server (kubernetes#74839): it injects an
+	// out-of-window TCP packet into its own connection.
+	boomRef = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
 )
 
 // kubeToolsDir is the tools module that pins k8s.io/kubernetes (agnhost and
@@ -202,6 +206,14 @@ func testbedSpecs(root string, debs map[string]string, libs []string, logf func(
 	if err := agnLayer.symlink("agnhost-2", "agnhost"); err != nil {
 		return nil, err
 	}
+	boom, err := goBuildTool(ctx, kubeToolsDir(root), "k8s.io/kubernetes/test/images/regression-issue-74839", filepath.Join(tmp, "regression-issue-74839"))
+	if err != nil {
+		return nil, err
+	}
+	boomLayer := newTree()
+	if err := boomLayer.file("regression-issue-74839", 0o755, boom); err != nil {
+		return nil, err
+	}
 	coredns, err := goBuildTool(ctx, filepath.Join(root, "scripts", "images", "coredns"), ".", filepath.Join(tmp, "coredns"))
 	if err != nil {
 		return nil, err
@@ -236,6 +248,13 @@ func testbedSpecs(root string, debs map[string]string, libs []string, logf func(
 			Ref: corednsRef, Name: "coredns",
 			Layers: []*tree{dnsLayer}, LayerNames: []string{"CoreDNS v1.14.6 with the test bed's plugins (scripts/images/coredns, CGO_ENABLED=0 go build -trimpath)"},
 			Entrypoint: []string{"/coredns"}, User: "0:0",
+		},
+		{
+			// Upstream's is its static binary on debian-base; it needs
+			// nothing else (a raw socket, as root).
+			Ref: boomRef, Name: "regression-issue-74839",
+			Layers: []*tree{boomLayer}, LayerNames: []string{"regression-issue-74839 of k8s.io/kubernetes v1.37.2 (CGO_ENABLED=0 go build -trimpath)"},
+			Entrypoint: []string{"/regression-issue-74839"}, User: "0:0",
 		},
 	}, nil
 }
