@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +23,9 @@ import (
 // TestConformance runs the selection (Focus minus Skips) on a fresh
 // real-node cluster per proxy, kube-proxy first, then vsplane, and writes
 // bench/results/conformance.{json,md}. Environment:
-// CONFORMANCE_PROXIES (default "kube-proxy,vsplane"), CONFORMANCE_FOCUS (a
+// CONFORMANCE_PROXIES (default "kube-proxy,vsplane"; a proxy left out keeps
+// its run of the same selection from the report already there, so the two
+// can run in different sittings), CONFORMANCE_FOCUS (a
 // narrower focus, for a partial run), CONFORMANCE_QUICK (QuickSpecs only,
 // written as quick.{json,md}), CONFORMANCE_REPORT_ONLY (re-render the
 // last run's JUnit reports in _out/conformance), CONFORMANCE_PROCS (parallel Ginkgo
@@ -36,7 +39,7 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxies := strings.Split(envOr("CONFORMANCE_PROXIES", "kube-proxy,vsplane"), ",")
+	proxies := strings.Split(envOr("CONFORMANCE_PROXIES", strings.Join(allProxies, ",")), ",")
 	focus, name := envOr("CONFORMANCE_FOCUS", Focus), "conformance"
 	if os.Getenv("CONFORMANCE_QUICK") != "" {
 		focus, name = ExactFocus(QuickSpecs), "quick"
@@ -46,10 +49,23 @@ func TestConformance(t *testing.T) {
 		t.Fatalf("CONFORMANCE_PROCS: %v", err)
 	}
 	out := envOr("CONFORMANCE_OUT", filepath.Join(root, "bench", "results"))
+	// A proxy of the pair that does not run now keeps its run of the same
+	// selection from the report already there (committed by an earlier
+	// sitting, with its own date).
+	prev, prevErr := ReadReport(filepath.Join(out, name+".json"))
 	log, _ := zap.NewDevelopment()
 	var runs []ProxyRun
+	for _, p := range allProxies {
+		if slices.Contains(proxies, p) {
+			continue
+		}
+		if run, ok := CarriedRun(prev, focus, p); prevErr == nil && ok {
+			t.Logf("%s: carried over from the run of %s in %s.json", p, run.Date, name)
+			runs = append(runs, run)
+		}
+	}
 	for _, p := range proxies {
-		run := ProxyRun{Proxy: p}
+		run := ProxyRun{Proxy: p, Date: time.Now().UTC().Format("2006-01-02")}
 		t0 := time.Now()
 		reportDir := filepath.Join(root, "_out", "conformance", p)
 		var specs []SpecResult
@@ -74,6 +90,7 @@ func TestConformance(t *testing.T) {
 		t.Logf("%s: %d specs in %v", p, len(specs), run.Took.Round(time.Second))
 		runs = append(runs, run)
 	}
+	slices.SortFunc(runs, func(a, b ProxyRun) int { return slices.Index(allProxies, a.Proxy) - slices.Index(allProxies, b.Proxy) })
 	rep := NewReport(time.Now().UTC().Format("2006-01-02"), focus, runs)
 	if err := rep.Write(out, name); err != nil {
 		t.Fatal(err)
@@ -104,6 +121,9 @@ func runOn(t *testing.T, proxy cluster.RealProxy, o RunOptions, log *zap.Logger)
 	o.Kubeconfig, o.Nodes = rc.Env.Kubeconfig, len(rc.Nodes)
 	return Run(ctx, o)
 }
+
+// allProxies are the proxies a report compares, in its column order.
+var allProxies = []string{"kube-proxy", "vsplane"}
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {

@@ -31,7 +31,7 @@ type SpecResult struct {
 	Message string `json:"message,omitempty"`
 	// Detail is a failure's whole text (what an Explanation's Message may
 	// name: a timeout's first line does not say what it waited for).
-	Detail string `json:"-"`
+	Detail string `json:"detail,omitempty"`
 }
 
 // junitCase is the part of Ginkgo's JUnit test case this package reads.

@@ -15,6 +15,9 @@ type ProxyRun struct {
 	Proxy string        `json:"proxy"`
 	Specs []SpecResult  `json:"specs"`
 	Took  time.Duration `json:"took_ns"`
+	// Date is the day the run ended (UTC, 2006-01-02): a run carried over
+	// from an earlier report keeps its own.
+	Date string `json:"date,omitempty"`
 	// Error is the run's own failure (no report, a failed suite), if any.
 	Error string `json:"error,omitempty"`
 }
@@ -116,14 +119,18 @@ func (r Report) Markdown() string {
 	fmt.Fprintf(&b, "Kubernetes v1.37.2 sig-network e2e specs on the real-node test bed, %s.\n\n", r.Date)
 	fmt.Fprintf(&b, "Focus `%s`; skipped (with reasons in the README): `%s`.\n\n", r.Focus, r.Skip)
 	counts := r.Counts()
-	b.WriteString("| proxy | passed | failed | skipped | not run | run time (cluster start and specs) |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| proxy | run on | passed | failed | skipped | not run | run time (cluster start and specs) |\n|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		c := counts[run.Proxy]
 		took := "–" // not measured (a re-rendered report)
 		if run.Took > 0 {
 			took = run.Took.Round(time.Second).String()
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %s |\n", run.Proxy, c[Passed], c[Failed], c[Skipped], c[NotRun], took)
+		date := run.Date
+		if date == "" {
+			date = r.Date
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %s |\n", run.Proxy, date, c[Passed], c[Failed], c[Skipped], c[NotRun], took)
 	}
 	for _, run := range r.Runs {
 		if run.Error != "" {
@@ -178,6 +185,39 @@ func allSkippedAlike(row Row, proxies []string) bool {
 }
 
 func escape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// ReadReport reads a report Write wrote (NAME.json).
+func ReadReport(path string) (Report, error) {
+	var r Report
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("conformance: %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// CarriedRun is proxy's run in an earlier report of the same selection,
+// for a report whose other proxies run now: the whole selection on both
+// proxies takes longer than one sitting here, so each proxy's run can be
+// kept (committed) and the other's added later. ok is false when prev
+// has no run of proxy or selected other specs.
+func CarriedRun(prev Report, focus, proxy string) (ProxyRun, bool) {
+	if prev.Focus != focus || prev.Skip != SkipRegexp() {
+		return ProxyRun{}, false
+	}
+	for _, run := range prev.Runs {
+		if run.Proxy == proxy {
+			if run.Date == "" {
+				run.Date = prev.Date
+			}
+			return run, true
+		}
+	}
+	return ProxyRun{}, false
+}
 
 // Write writes dir/NAME.json and dir/NAME.md.
 func (r Report) Write(dir, name string) error {

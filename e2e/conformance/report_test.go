@@ -111,8 +111,8 @@ func TestReport(t *testing.T) {
 	}
 	md := r.Markdown()
 	for _, want := range []string{
-		"| kube-proxy | 2 | 1 | 1 | 0 | 1m0s |",
-		"| vsplane | 1 | 1 | 1 | 1 | 1m0s |",
+		"| kube-proxy | 2026-12-03 | 2 | 1 | 1 | 0 | 1m0s |",
+		"| vsplane | 2026-12-03 | 1 | 1 | 1 | 1 | 1m0s |",
 		"| " + both + " | passed | passed | 30 s / 20 s |  |",
 		"Pass on kube-proxy, not on vsplane: 1 (why: below).",
 		"| " + skipped + " | skipped | skipped | – / – | skipped by the spec: skipped |",
@@ -144,6 +144,39 @@ func TestReport(t *testing.T) {
 	runs[1].Specs[1].Detail = "Failed to connect to backend 2\n  reason: ImagePullBackOff"
 	if r = NewReport("2026-12-03", Focus, runs); strings.Contains(strings.Join(r.Unexplained, "\n"), regress) {
 		t.Errorf("failure with the message in its detail still unexplained: %v", r.Unexplained)
+	}
+}
+
+// A proxy's run is carried from an earlier report of the same selection
+// only, with its own date, through the JSON Write wrote (the failure's
+// whole text included, which explanations may match).
+func TestCarriedRun(t *testing.T) {
+	prev := NewReport("2026-12-04", Focus, []ProxyRun{{Proxy: "kube-proxy", Took: time.Hour, Specs: []SpecResult{
+		{Spec: "[sig-network] Services a", Outcome: Failed, Message: "timed out", Detail: "timed out\nImagePullBackOff"}}}})
+	dir := t.TempDir()
+	if err := prev.Write(dir, "conformance"); err != nil {
+		t.Fatal(err)
+	}
+	read, err := ReadReport(dir + "/conformance.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, ok := CarriedRun(read, Focus, "kube-proxy")
+	if !ok || run.Date != "2026-12-04" || run.Took != time.Hour || run.Specs[0].Detail != "timed out\nImagePullBackOff" {
+		t.Errorf("carried run %+v, %v", run, ok)
+	}
+	if _, ok := CarriedRun(read, Focus, "vsplane"); ok {
+		t.Error("a run the report does not hold was carried")
+	}
+	if _, ok := CarriedRun(read, `\[sig-network\] Conntrack `, "kube-proxy"); ok {
+		t.Error("a run of another selection was carried")
+	}
+	md := NewReport("2026-12-05", Focus, []ProxyRun{run, {Proxy: "vsplane", Date: "2026-12-05"}}).Markdown()
+	if !strings.Contains(md, "| kube-proxy | 2026-12-04 |") || !strings.Contains(md, "| vsplane | 2026-12-05 |") {
+		t.Errorf("each run's own date not in the table:\n%s", md)
+	}
+	if _, err := ReadReport(dir + "/missing.json"); err == nil {
+		t.Error("a missing report read")
 	}
 }
 
