@@ -158,7 +158,10 @@ bench-kubeproxy: vm-deps kube
 ## kube-proxy (IPVS mode) then vsplane, each on a fresh cluster; writes
 ## bench/results/conformance.{json,md} and the JUnit reports in _out/conformance/ (not CI: CI runs
 ## the project's own real-node checks, e2e/realnodes). CONFORMANCE_PROCS parallel Ginkgo processes
-## (3); CONFORMANCE_FOCUS narrows the selection (a partial run). conformance-quick: the four specs
+## (3); CONFORMANCE_FOCUS narrows the selection (a partial run); CONFORMANCE_PROXIES=vsplane (or
+## kube-proxy) runs one proxy and keeps the other's run of the same selection from the report
+## already in bench/results, with its date (the pair takes longer than one sitting here).
+## conformance-quick: the four specs
 ## of e2e/conformance.QuickSpecs (UDP Conntrack, NodePort, session affinity, a Service by DNS name)
 ## on both proxies, into _out/conformance/quick.{json,md}.
 CONFORMANCE_PROCS ?= 3
