@@ -88,6 +88,27 @@ func (c *Conntrack) DeleteEntries(family kernel.Family, proto kernel.Protocol, s
 	return n, nil
 }
 
+// Entries lists family's zone-0 entries of proto with the parser
+// DeleteEntries judges them by: for diagnostics (the test bed's e2ehelper
+// conntrack) and tests; the proxier only ever deletes.
+func (c *Conntrack) Entries(family kernel.Family, proto kernel.Protocol) ([]kernel.ConntrackEntry, error) {
+	if !family.Valid() || !proto.Valid() {
+		return nil, fmt.Errorf("conntrack: family %s, protocol %s: %w", family, proto, kernel.ErrInvalid)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []kernel.ConntrackEntry
+	err := c.dump(family, func(e kernel.ConntrackEntry) {
+		if e.Protocol == proto {
+			out = append(out, e)
+		}
+	})
+	if err != nil {
+		return nil, conntrackError(fmt.Sprintf("conntrack %s %s: dump", family, proto), err)
+	}
+	return out, nil
+}
+
 // dump calls each with every zone-0 entry of family the kernel lists
 // (IPVS's and kube-proxy's entries live there; a delete without a zone
 // could not reach the others). The caller holds mu.

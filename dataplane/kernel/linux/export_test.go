@@ -55,26 +55,6 @@ func (c *Conntrack) CreateConntrackEntry(e kernel.ConntrackEntry, timeout time.D
 	return nil
 }
 
-// ListConntrackEntries dumps the entries of family and proto with the
-// same parser DeleteEntries judges them by.
-func (c *Conntrack) ListConntrackEntries(family kernel.Family, proto kernel.Protocol) ([]kernel.ConntrackEntry, error) {
-	if !family.Valid() || !proto.Valid() {
-		return nil, fmt.Errorf("list conntrack %s %s: %w", family, proto, kernel.ErrInvalid)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []kernel.ConntrackEntry
-	err := c.dump(family, func(e kernel.ConntrackEntry) {
-		if e.Protocol == proto {
-			out = append(out, e)
-		}
-	})
-	if err != nil {
-		return nil, conntrackError(fmt.Sprintf("list conntrack %s %s", family, proto), err)
-	}
-	return out, nil
-}
-
 // Add and List make *Conntrack a contract.ConntrackSeeder (entries live
 // for ten minutes; the suite deletes its own).
 func (c *Conntrack) Add(e kernel.ConntrackEntry) error {
@@ -82,5 +62,5 @@ func (c *Conntrack) Add(e kernel.ConntrackEntry) error {
 }
 
 func (c *Conntrack) List(family kernel.Family, proto kernel.Protocol) ([]kernel.ConntrackEntry, error) {
-	return c.ListConntrackEntries(family, proto)
+	return c.Entries(family, proto)
 }

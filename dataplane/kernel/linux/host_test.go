@@ -247,7 +247,7 @@ func TestConntrackVanishedEntry(t *testing.T) {
 	if n != 0 {
 		t.Errorf("deleted %d, want 0: the entry had expired before its delete", n)
 	}
-	left, err := c.ListConntrackEntries(kernel.FamilyIPv4, kernel.ProtocolUDP)
+	left, err := c.Entries(kernel.FamilyIPv4, kernel.ProtocolUDP)
 	if err != nil || slices.Contains(left, e) {
 		t.Errorf("entry still listed (%v): %+v", err, left)
 	}

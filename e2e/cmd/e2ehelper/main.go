@@ -7,6 +7,7 @@
 //	e2ehelper flow    --addr HOST:PORT --source-port P --phase-file PATH --stop-file PATH [--interval D] [--timeout D] [--max N]
 //	e2ehelper wait    --addr HOST:PORT [--timeout D]
 //	e2ehelper connect-proxy [--listen ADDR] [--allow CIDR,...]
+//	e2ehelper conntrack [--proto tcp|udp|sctp] [--ipv6]
 //
 // serve answers every TCP connection and UDP datagram with "NAME from IP:PORT\n"
 // (the peer's address as the backend saw it); on TCP it then echoes each line
@@ -36,7 +37,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait|flow|connect-proxy [flags]")
+		fmt.Fprintln(stderr, "usage: e2ehelper serve|request|hold|wait|flow|connect-proxy|conntrack [flags]")
 		return 2
 	}
 	var err error
@@ -53,6 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = flowCmd(ctx, args[1:], stdout, stderr)
 	case "connect-proxy":
 		err = connectProxyCmd(ctx, args[1:], stdout, stderr)
+	case "conntrack":
+		err = conntrackCmd(ctx, args[1:], stdout, stderr)
 	default:
 		err = usageError(fmt.Sprintf("unknown command %q", args[0]))
 	}

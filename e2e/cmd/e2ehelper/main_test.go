@@ -270,3 +270,23 @@ func TestUsageErrors(t *testing.T) {
 		})
 	}
 }
+
+// conntrack lists this namespace's entries, one line each in the format
+// the flow test's dumps are read in; a bad protocol is a usage error.
+func TestConntrackCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"conntrack", "--proto", "icmp"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "icmp") {
+		t.Errorf("--proto icmp: exit %d, %q; want 2 naming it", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run(context.Background(), []string{"conntrack", "--proto", "udp"}, &out, &errOut); code != 0 {
+		t.Fatalf("conntrack --proto udp: exit %d: %s", code, errOut.String())
+	}
+	line := regexp.MustCompile(`^udp \S+:\d+ -> \S+:\d+ \| reply \S+:\d+ -> \S+:\d+$`)
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		if l != "" && !line.MatchString(l) {
+			t.Errorf("line %q is not in the dump's format", l)
+		}
+	}
+}
