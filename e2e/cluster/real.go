@@ -554,6 +554,40 @@ func (c *RealCluster) PodsSummary(ctx context.Context) string {
 	return "--- pods ---\n" + pods + "--- warning events ---\n" + events
 }
 
+// SaveProxyLogs writes what the proxy logged into dir: each node's
+// kube-proxy (node daemons) or vsplane's Pods (agents and replicas), one
+// file each, so a failed spec can be explained after the cluster is gone.
+func (c *RealCluster) SaveProxyLogs(ctx context.Context, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var errs []error
+	if c.opts.Proxy == ProxyKubeProxy {
+		for _, n := range c.Nodes {
+			log, err := n.DaemonLog(ctx, "kube-proxy")
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, n.Name+"-kube-proxy.log"), []byte(log), 0o644)
+			}
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	pods, err := c.Kube.CoreV1().Pods(SystemNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, p := range pods.Items {
+		for _, ctr := range p.Spec.Containers {
+			log, err := c.Kube.CoreV1().Pods(SystemNamespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ctr.Name}).DoRaw(ctx)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, p.Spec.NodeName+"-"+p.Name+"-"+ctr.Name+".log"), log, 0o644)
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Node returns the real node called name.
 func (c *RealCluster) Node(name string) (*nodes.Node, error) {
 	for _, n := range c.Nodes {

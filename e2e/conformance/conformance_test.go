@@ -119,7 +119,12 @@ func runOn(t *testing.T, proxy cluster.RealProxy, o RunOptions, log *zap.Logger)
 		}
 	}()
 	o.Kubeconfig, o.Nodes = rc.Env.Kubeconfig, len(rc.Nodes)
-	return Run(ctx, o)
+	specs, err := Run(ctx, o)
+	// The proxy's own account of the run, for explaining its failures.
+	if lerr := rc.SaveProxyLogs(ctx, filepath.Join(o.ReportDir, "proxy-logs")); lerr != nil {
+		t.Logf("saving the %s logs: %v", proxy, lerr)
+	}
+	return specs, err
 }
 
 // allProxies are the proxies a report compares, in its column order.

@@ -344,6 +344,18 @@ func (n *Node) PodCIDR() string {
 	return n.podCIDR
 }
 
+// DaemonLog is the whole log of the node's daemon (kube-proxy, kubelet,
+// containerd) as started last.
+func (n *Node) DaemonLog(ctx context.Context, daemon string) (string, error) {
+	n.mu.Lock()
+	p := n.procs[daemon]
+	n.mu.Unlock()
+	if p == nil {
+		return "", fmt.Errorf("%s on %s is not running", daemon, n.Name)
+	}
+	return p.Log(ctx)
+}
+
 // LogTail returns the last lines of a node daemon's log ("kubelet",
 // "containerd"), for failure messages.
 func (n *Node) LogTail(ctx context.Context, daemon string, lines int) string {
