@@ -110,22 +110,9 @@ var Explanations = map[string]map[string]Explanation{
 				"the rounds outlast the grace period: pause-pod-0 finds the endpoint gone (curl exit 7, refused) before the last one " +
 				"(337 s run on 2026-12-03; vsplane refuses that connection at once and passed in 104 s)",
 		},
-		invalidConntrackSpec: missingImage74839,
 	},
-	"vsplane": {
-		invalidConntrackSpec: missingImage74839,
-	},
+	"vsplane": {},
 }
-
-// The invalid-conntrack-state spec runs upstream's boom-server image, which
-// the test bed does not provide (it builds agnhost and pause only); its Pod
-// never starts, on either proxy.
-const invalidConntrackSpec = "[sig-network] Conntrack proxy implementation should not be vulnerable to the invalid conntrack state bug [Privileged]"
-
-var missingImage74839 = Explanation{Kind: TestBedLimit, Message: "regression-issue-74839",
-	Text: "the spec's server image registry.k8s.io/e2e-test-images/regression-issue-74839 is not built by the test bed " +
-		"(no registry is reachable; scripts/images builds agnhost and pause), so its Pod never starts (ImagePullBackOff) and the spec " +
-		"times out after 300 s on either proxy; vsplane keeps kube-proxy's INVALID drop rule (README, differences)"}
 
 func (e Explanation) String() string {
 	if e.Kind == "" {
