@@ -86,9 +86,10 @@ type flowPhase struct {
 // external IP, backends pod-x and pod-y on node3. The cluster then goes
 // through the changes that leave stale connection-tracking entries behind
 // (issue 25 item 6): the endpoint replaced, no endpoints then a first one,
-// the Service deleted and re-created on the same IP and NodePorts, both
-// proxies restarted mid-flow, and node1 migrated from kube-proxy to vsplane
-// with kube-proxy's entries in place. Every vsplane flow, UDP and SCTP,
+// a Pod deleted while another serves (its endpoint serving and terminating,
+// then gone), the Service deleted and re-created on the same IP and
+// NodePorts, both proxies restarted mid-flow, and node1 migrated from
+// kube-proxy to vsplane with kube-proxy's entries in place. Every vsplane flow, UDP and SCTP,
 // must answer from the expected backend within flowRecovery of each change
 // (flowRecoveryNew for the re-created Service), which needs the agent's
 // sweep of stale conntrack entries (dataplane/reconcile/staleflows.go):
@@ -191,6 +192,18 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 		{name: "replaced", expected: []string{"pod-y"}, judged: true, write: func(t *testing.T) { m.slice(t, "pod-y") }},
 		{name: "none", write: func(t *testing.T) { m.slice(t) }},
 		{name: "first", expected: []string{"pod-x"}, judged: true, write: func(t *testing.T) { m.slice(t, "pod-x") }},
+		// A Pod deleted while another serves, as upstream's Conntrack
+		// "server pod cycles" specs do it: the deleted one's endpoint
+		// turns serving and terminating, then goes. Either may answer
+		// meanwhile (both proxies delete UDP and SCTP real servers at
+		// once, so flows move when a proxy applies it); once it is gone
+		// only pod-y, within the bound.
+		{name: "terminating", expected: []string{"pod-x", "pod-y"}, judged: true, write: func(t *testing.T) {
+			x := m.endpoint(t, "pod-x")
+			x.NotReady, x.Terminating = true, true
+			m.sliceOf(t, x, m.endpoint(t, "pod-y"))
+		}},
+		{name: "cycled", expected: []string{"pod-y"}, judged: true, write: func(t *testing.T) { m.slice(t, "pod-y") }},
 		{name: "deleted", write: func(t *testing.T) { m.deleteService(t) }},
 		{name: "recreated", expected: []string{"pod-x"}, judged: true, bound: flowRecoveryNew, write: func(t *testing.T) {
 			m.createService(t, clusterIP)
@@ -235,6 +248,7 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 			p.act(t)
 		}
 		m.settle(t, p)
+		m.dumpTables(t, p.name, n1, n2)
 		phase("phase " + p.name)
 	}
 	m.stop()
@@ -297,17 +311,30 @@ func (m *flowMatrix) deleteService(t *testing.T) {
 	}
 }
 
-// slice sets the Service's endpoints to the named pods (none: no endpoints).
+// slice sets the Service's endpoints to the named pods, ready (none: no
+// endpoints).
 func (m *flowMatrix) slice(t *testing.T, pods ...string) {
 	t.Helper()
 	var eps []cluster.Endpoint
 	for _, p := range pods {
-		ep, err := m.c.PodEndpoint(p, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps = append(eps, ep)
+		eps = append(eps, m.endpoint(t, p))
 	}
+	m.sliceOf(t, eps...)
+}
+
+// endpoint is the named pod's ready IPv4 endpoint.
+func (m *flowMatrix) endpoint(t *testing.T, pod string) cluster.Endpoint {
+	t.Helper()
+	ep, err := m.c.PodEndpoint(pod, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ep
+}
+
+// sliceOf sets the Service's endpoints to eps.
+func (m *flowMatrix) sliceOf(t *testing.T, eps ...cluster.Endpoint) {
+	t.Helper()
 	ports := []cluster.Port{{Name: "udp", Port: flowPort, Protocol: corev1.ProtocolUDP}, {Name: "sctp", Port: flowPort, Protocol: corev1.ProtocolSCTP}}
 	if err := m.c.ApplySlice(m.ctx, ns, "flow", "flow-v4", discoveryv1.AddressTypeIPv4, ports, eps); err != nil {
 		t.Fatal(err)
@@ -416,6 +443,30 @@ func (m *flowMatrix) settle(t *testing.T, p flowPhase) {
 	})
 	if err != nil {
 		t.Logf("phase %s: flows not settled within %v: %v (judged from the full logs below)", p.name, flowSettle, pending)
+	}
+}
+
+// dumpTables appends each node's UDP conntrack entries and IPVS
+// connections at the end of a phase to VSPLANE_FLOW_LOGS/NODE.tables, when
+// the logs are kept: what a stuck flow is stuck on.
+func (m *flowMatrix) dumpTables(t *testing.T, phase string, nodes ...*vm.Node) {
+	t.Helper()
+	dir := os.Getenv("VSPLANE_FLOW_LOGS")
+	if dir == "" {
+		return
+	}
+	for _, n := range nodes {
+		out, err := n.Netns.Run(m.ctx, "e2ehelper conntrack --proto udp; ipvsadm -Lnc")
+		if err != nil {
+			t.Errorf("dump %s's tables: %v", n.Name, err)
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, n.Name+".tables"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(f, "=== end of phase %s\n%s%s\n", phase, out.Stdout, out.Stderr)
+		f.Close()
 	}
 }
 
