@@ -463,9 +463,12 @@ func (c *RealCluster) StartKubeProxies(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// --v=4 logs each sync's and each endpoint change's time
+			// and every conntrack cleanup: what explains a failed spec
+			// (conformance keeps the logs with each run).
 			errs[i] = n.StartKubeProxy(ctx, kc, "Using ipvs Proxier",
 				"--proxy-mode=ipvs", "--cluster-cidr="+RealPodNet, "--conntrack-max-per-core=0",
-				"--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=0.0.0.0:10256", "--v=2")
+				"--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=0.0.0.0:10256", "--v=4")
 		}()
 	}
 	wg.Wait()
