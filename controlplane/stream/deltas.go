@@ -9,21 +9,19 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // maybeSend queues the next Deltas while flow control allows and there is
-// something to send (or the first Delta is still due). It never blocks: at
-// most MaxInFlight Deltas are queued or in gRPC, and the queue holds that
-// many.
+// something to send (or a full pass is due). It never blocks: at most
+// MaxInFlight Deltas are queued or in gRPC, and the queue holds that many.
 func (ss *session) maybeSend() error {
-	if !ss.versionsAsked.IsZero() {
-		return nil // nothing goes out before the agent says what it holds
+	if p := ss.state.phase; p == phaseWaitReady || p == phaseVersions {
+		return nil // nothing goes out before the replica is ready and the agent says what it holds
 	}
-	for len(ss.inflight) < ss.s.opts.MaxInFlight && (ss.needFull || len(ss.dirty) > 0) {
+	for len(ss.inflight) < ss.s.opts.MaxInFlight && (ss.state.phase.fullPass() || len(ss.dirty) > 0) {
 		queued, err := ss.sendNext()
 		if err != nil || !queued {
 			return err
@@ -48,7 +46,7 @@ func (ss *session) sendNext() (bool, error) {
 	var upserts []*vsplanev1.Resource
 	var removed []string
 	var sysVersion string
-	full := ss.needFull
+	full := ss.state.phase.fullPass()
 	if full {
 		// First Delta, or the node (re)appeared: compare everything desired
 		// with everything the agent holds.
@@ -56,9 +54,13 @@ func (ss *session) sendNext() (bool, error) {
 		if !ok {
 			return false, ss.nodeUnknown()
 		}
-		ss.nodeKnown()
-		if ss.resume != "" && !ss.resumed(res, sv) {
-			return false, nil // asked for the agent's versions instead
+		if err := ss.enter(evNodePresent); err != nil {
+			return false, err
+		}
+		if ss.state.phase == phaseResolve {
+			if ok, err := ss.resumed(res, sv); !ok || err != nil {
+				return false, err // asked for the agent's versions instead
+			}
 		}
 		sysVersion, ss.lastSys = sv, sv
 		set := make(map[string]struct{}, len(res)+len(ss.st.sent))
@@ -94,14 +96,14 @@ func (ss *session) sendNext() (bool, error) {
 		}
 	}
 	ss.resetDirty()
-	ss.needFull = false
-	if len(upserts) == 0 && len(removed) == 0 && ss.firstSent {
+	first := ss.state.phase == phaseFirst
+	if len(upserts) == 0 && len(removed) == 0 && !first {
 		return false, nil
 	}
 	budget := ss.rate.budget()
 	n, cost := fit(upserts, budget)
 	if n < len(upserts) {
-		if full && !ss.firstSent && len(removed) > 0 {
+		if first && len(removed) > 0 {
 			// The agent holds back a first Delta after (re)connect that
 			// removes most of its Services (dataplane/client removal.go).
 			// Splitting would defer the removals past the first Delta and
@@ -121,7 +123,7 @@ func (ss *session) sendNext() (bool, error) {
 		}
 	}
 	ss.queue(upserts, removed, sysVersion, cost, budget)
-	return true, nil
+	return true, ss.enter(evDeltaQueued)
 }
 
 // resetDirty empties the pending names. A Go map keeps the capacity it
@@ -132,53 +134,20 @@ func (ss *session) sendNext() (bool, error) {
 func (ss *session) resetDirty() { ss.dirty = map[string]struct{}{} }
 
 // nodeUnknown handles a node absent from the Source: nothing is sent or
-// removed (fail-static); the next appearance gets a full diff. A stream
-// waits for its node at most UnknownNodeTimeout, and at most
-// MaxUnknownNodeStreams streams wait at once.
+// removed (fail-static) and the pending names are dropped; the node's
+// appearance gets a full diff (phaseUnknown).
 func (ss *session) nodeUnknown() error {
-	if ss.known {
-		ss.log.Warn("node disappeared from the desired state; keeping the agent's state")
-	} else if ss.unknownSince.IsZero() {
-		ss.log.Info("node not in the desired state (no Node object); waiting for it to appear",
-			zap.Duration("timeout", ss.s.opts.UnknownNodeTimeout))
-	}
-	ss.known = false
-	ss.needFull = true
 	ss.resetDirty()
-	if ss.unknownSince.IsZero() {
-		ss.unknownSince = time.Now()
-		if n := ss.s.unknown.Add(1); n > int64(ss.s.opts.MaxUnknownNodeStreams) {
-			return closeErr(ReasonTooManyUnknown, codes.ResourceExhausted,
-				"node %q is not in the cluster and %d streams already wait for unknown nodes", ss.node, n-1)
-		}
-	}
-	return nil
+	return ss.enter(evNodeAbsent)
 }
 
-// nodeKnown ends the unknown-node wait, if any.
-func (ss *session) nodeKnown() {
-	if !ss.known && ss.firstSent {
-		ss.log.Info("node reappeared in the desired state; sending a full diff")
-	}
-	ss.known = true
-	ss.leaveUnknown()
-}
-
-func (ss *session) leaveUnknown() {
-	if !ss.unknownSince.IsZero() {
-		ss.unknownSince = time.Time{}
-		ss.s.unknown.Add(-1)
-	}
-}
-
-// resumed settles a Hello that gave a system version instead of versions:
-// if it is the node's, the agent holds exactly res (sent becomes res, and
-// the first Delta is empty); if not, a VersionsRequest goes out and
-// resumed reports false. Either way it happens once per stream.
-func (ss *session) resumed(res []*vsplanev1.Resource, sv string) bool {
-	claimed, count := ss.resume, ss.resumeCount
-	ss.resume = ""
-	if claimed == sv && int(count) == len(res) {
+// resumed settles a Hello that gave a system version instead of versions
+// (phaseResolve): if it is the node's, the agent holds exactly res (sent
+// becomes res, and the first Delta is empty); if not, a VersionsRequest
+// goes out and resumed reports false.
+func (ss *session) resumed(res []*vsplanev1.Resource, sv string) (bool, error) {
+	claim := ss.state.claim
+	if claim.systemVersion == sv && int(claim.count) == len(res) {
 		ss.st.mu.Lock()
 		for _, r := range res {
 			ss.st.sent[r.GetName()] = r.GetVersion() // shares the store's strings
@@ -186,15 +155,12 @@ func (ss *session) resumed(res []*vsplanev1.Resource, sv string) bool {
 		ss.st.mu.Unlock()
 		ss.log.Info("agent resumed by system version: it holds the node's desired state",
 			zap.String("systemVersion", sv), zap.Int("resources", len(res)))
-		return true
+		return true, ss.enter(evClaimMatches)
 	}
 	ss.log.Info("agent's system version is not the node's; asking for its versions",
-		zap.String("agentSystemVersion", claimed), zap.Uint32("agentResources", count),
+		zap.String("agentSystemVersion", claim.systemVersion), zap.Uint32("agentResources", claim.count),
 		zap.String("systemVersion", sv), zap.Int("resources", len(res)))
-	ss.versionsAsked = time.Now()
-	// The queue has room: nothing is in flight before the first Delta.
-	ss.sendq <- &vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_VersionsRequest{VersionsRequest: &vsplanev1.VersionsRequest{}}}
-	return false
+	return false, ss.enter(evClaimDiffers)
 }
 
 // decide appends name to upserts or removed if the agent needs it: desired
@@ -206,7 +172,7 @@ func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
 		if v, ok := ss.st.sent[name]; ok && v == r.GetVersion() {
 			return upserts, removed
 		}
-		if v, ok := ss.nacked[name]; ok && v == r.GetVersion() {
+		if v, ok := ss.st.nacked[name]; ok && v.version == r.GetVersion() {
 			return upserts, removed
 		}
 		return append(upserts, r), removed
@@ -254,12 +220,10 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 	}
 	for _, name := range removed {
 		ss.st.setSent(name, "", false)
-		delete(ss.nacked, name)
-		delete(ss.st.nackErrs, name)
+		delete(ss.st.nacked, name)
 	}
 	ss.st.mu.Unlock()
 	ss.inflight = append(ss.inflight, d)
-	ss.firstSent = true
 	ss.log.Debug("sent delta", zap.String("nonce", d.nonce), zap.Int("resources", len(upserts)),
 		zap.Int("removed", len(removed)), zap.Int("cost", cost), zap.Int("budget", budget),
 		zap.Int("pending", len(ss.dirty)))

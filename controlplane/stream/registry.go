@@ -37,9 +37,11 @@ type agentState struct {
 	// where its acknowledged state differs (acked.go).
 	sent    map[string]string
 	ackDiff map[string]ackedVersion
-	// nackErrs: name -> "version: message" of the versions the agent
-	// NACKed and has not applied since.
-	nackErrs      map[string]string
+	// nacked: name -> the version the agent NACKed and has not applied
+	// since, with its error; not resent until the desired version changes.
+	// Written by the stream's goroutine under mu; that goroutine reads it
+	// without the lock (it is the only writer).
+	nacked        map[string]nackedVersion
 	nacks         uint64
 	lastNackError string
 	lastAck       time.Time
@@ -48,9 +50,16 @@ type agentState struct {
 	lastStatus    *vsplanev1.AgentStatus
 	// inSyncAt, if set, is a system version of the node whose desired
 	// state acked equals (session.noteInSync): while the node is still at
-	// that version nothing is pending.
+	// that version nothing is pending. Written by the stream's goroutine
+	// under mu, which reads it without the lock.
 	inSyncAt string
 }
+
+// nackedVersion is a version an agent NACKed and the error it gave.
+type nackedVersion struct{ version, message string }
+
+// String is how inspection shows it (AgentInfo.nacked).
+func (n nackedVersion) String() string { return n.version + ": " + n.message }
 
 func newRegistry(src Source) *Registry {
 	return &Registry{src: src, byNode: map[string]*agentState{}}
@@ -200,18 +209,23 @@ func (st *agentState) baseInfoAt(names []string) (*vsplanev1.AgentInfo, string) 
 	}
 	if names == nil {
 		info.AcknowledgedVersions = st.ackedAll()
-		info.Nacked = maps.Clone(st.nackErrs)
+		for n, e := range st.nacked {
+			if info.Nacked == nil {
+				info.Nacked = make(map[string]string, len(st.nacked))
+			}
+			info.Nacked[n] = e.String()
+		}
 	} else {
 		info.AcknowledgedVersions = map[string]string{}
 		for _, n := range names {
 			if v, ok := st.ackedOf(n); ok {
 				info.AcknowledgedVersions[n] = v
 			}
-			if e, ok := st.nackErrs[n]; ok {
+			if e, ok := st.nacked[n]; ok {
 				if info.Nacked == nil {
 					info.Nacked = map[string]string{}
 				}
-				info.Nacked[n] = e
+				info.Nacked[n] = e.String()
 			}
 		}
 	}

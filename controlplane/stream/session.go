@@ -60,34 +60,18 @@ type session struct {
 	// sendq feeds the sender goroutine (capacity MaxInFlight).
 	sendq chan *vsplanev1.ConnectResponse
 
-	// nacked is name -> version the agent NACKed; not resent until changed.
-	nacked map[string]string
-	dirty  map[string]struct{}
-	// needFull: next Delta compares every desired and every sent name
-	// (first Delta, and after the node (re)appears in the Source).
-	needFull bool
-	// firstSent: the first Delta (possibly empty) went out.
-	firstSent bool
-	// resume is the Hello's held_system_version (the agent listed no
-	// versions), checked against the node's by the first full pass;
-	// versionsAsked is when a VersionsRequest went out instead (zero: none
-	// outstanding). Nothing else is sent until HeldVersions answers it.
-	resume        string
-	resumeCount   uint32
-	versionsAsked time.Time
-	known         bool
-	// unknownSince is when the stream started waiting for its node to
-	// appear in the Source (zero: not waiting).
-	unknownSince time.Time
-	nonce        uint64
-	inflight     []*inflightDelta
+	// state is the stream's phase (phase.go).
+	state sessionState
+	// dirty holds the names changed since they were last read (the
+	// subscription's, and those a bounded Delta left out); the agent's
+	// NACKed versions are st.nacked.
+	dirty    map[string]struct{}
+	nonce    uint64
+	inflight []*inflightDelta
 	// rate sizes Deltas from this agent's Acks.
 	rate *applyRate
-	// lastSys is the node's system version at the last List or Lookup;
-	// inSync: st.inSyncAt is set for the current acknowledged state
-	// (noteInSync).
+	// lastSys is the node's system version at the last List or Lookup.
 	lastSys string
-	inSync  bool
 }
 
 // accept reads and validates the Hello, checks it against the stream's
@@ -149,6 +133,7 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		connectedSince: time.Now(),
 		capabilities:   hello.GetCapabilities(),
 		sent:           held, // acknowledged too: ackDiff is empty
+		nacked:         map[string]nackedVersion{},
 	}
 	log := s.log.With(zap.String("node", node), zap.String("peer", peerAddr))
 	// Subscribe before the first List (contract), and before registering so
@@ -164,9 +149,10 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 	}
 	return &session{
 		s: s, log: log, node: node, st: st, sub: sub,
-		sendq:  make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
-		nacked: map[string]string{}, dirty: map[string]struct{}{},
-		needFull: true, resume: hello.GetHeldSystemVersion(), resumeCount: hello.GetHeldCount(),
+		sendq: make(chan *vsplanev1.ConnectResponse, s.opts.MaxInFlight),
+		dirty: map[string]struct{}{},
+		state: sessionState{phase: phaseWaitReady,
+			claim: resumeClaim{systemVersion: hello.GetHeldSystemVersion(), count: hello.GetHeldCount()}},
 		rate: newApplyRate(s.opts.TargetApplyTime, s.opts.MinDeltaOps, s.opts.MaxDeltaOps),
 	}, nil
 }
@@ -214,7 +200,7 @@ func describe(m *vsplanev1.ConnectRequest) string {
 func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 	defer ss.sub.Close()
 	defer ss.s.reg.unregister(ss.st)
-	defer ss.leaveUnknown()
+	defer ss.leave()
 
 	done := make(chan struct{})
 	defer close(done)
@@ -256,24 +242,26 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 
 	ctx := stream.Context()
 	ready := ss.s.opts.Ready
-	isReady := ready == nil
-	if !isReady {
+	if ready != nil {
 		select {
 		case <-ready:
-			isReady = true
+			ready = nil
 		default:
 			ss.log.Info("holding the agent until this replica has computed its first full state")
+		}
+	}
+	if ready == nil {
+		if err := ss.enter(evReady); err != nil {
+			return err
 		}
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		if isReady {
-			ss.noteInSync()
-			if err := ss.maybeSend(); err != nil {
-				ss.log.Warn("closing agent stream", zap.Error(err))
-				return err
-			}
+		ss.noteInSync()
+		if err := ss.maybeSend(); err != nil {
+			ss.log.Warn("closing agent stream", zap.Error(err))
+			return err
 		}
 		deadline, reason := ss.deadline()
 		resetTimer(timer, deadline)
@@ -288,7 +276,10 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 			ss.log.Info("agent stream replaced by a newer one")
 			return closeErr(ReasonReplaced, codes.Aborted, "stream replaced by a newer stream for node %q", ss.node)
 		case <-ready:
-			isReady, ready = true, nil
+			ready = nil
+			if err := ss.enter(evReady); err != nil {
+				return err
+			}
 		case <-ss.sub.C():
 			for _, n := range ss.sub.Drain() {
 				ss.dirty[n] = struct{}{}
@@ -320,7 +311,8 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 }
 
 // deadline is the earliest time the stream must end by itself (the oldest
-// in-flight Delta's Ack timeout, or the unknown-node timeout) and the error
+// in-flight Delta's Ack timeout, or its phase's: the HeldVersions or the
+// unknown-node timeout) and the error
 // to end it with; zero if none.
 func (ss *session) deadline() (time.Time, func() error) {
 	var at time.Time
@@ -333,17 +325,17 @@ func (ss *session) deadline() (time.Time, func() error) {
 				"no Ack for Delta %s (%d resources, %d removals) within %v", d.nonce, len(d.upserts), len(d.removed), ss.s.opts.AckTimeout)
 		}
 	}
-	if !ss.versionsAsked.IsZero() {
-		if v := ss.versionsAsked.Add(ss.s.opts.HelloTimeout); at.IsZero() || v.Before(at) {
+	switch ss.state.phase {
+	case phaseVersions:
+		if v := ss.state.since.Add(ss.s.opts.HelloTimeout); at.IsZero() || v.Before(at) {
 			at = v
 			why = func() error {
 				return closeErr(ReasonHelloTimeout, codes.InvalidArgument,
 					"no HeldVersions within %v of the VersionsRequest", ss.s.opts.HelloTimeout)
 			}
 		}
-	}
-	if !ss.unknownSince.IsZero() {
-		if u := ss.unknownSince.Add(ss.s.opts.UnknownNodeTimeout); at.IsZero() || u.Before(at) {
+	case phaseUnknown:
+		if u := ss.state.since.Add(ss.s.opts.UnknownNodeTimeout); at.IsZero() || u.Before(at) {
 			at = u
 			why = func() error {
 				return closeErr(ReasonUnknownNode, codes.FailedPrecondition,
@@ -377,9 +369,8 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 		// acknowledged now; no Ack would ever say so.
 		var healed []string
 		for name, v := range msg.Status.GetRecovered() {
-			if nv, ok := ss.nacked[name]; ok && nv == v {
-				delete(ss.nacked, name)
-				delete(ss.st.nackErrs, name)
+			if nv, ok := ss.st.nacked[name]; ok && nv.version == v {
+				delete(ss.st.nacked, name)
 				ss.st.setAcked(name, v, true)
 				healed = append(healed, name)
 			}
@@ -405,8 +396,8 @@ func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
 // handleHeldVersions takes the agent's answer to a VersionsRequest as what
 // it holds, as a full Hello would have said; the first Delta follows.
 func (ss *session) handleHeldVersions(hv *vsplanev1.HeldVersions) error {
-	if ss.versionsAsked.IsZero() {
-		return invalid("HeldVersions without a VersionsRequest")
+	if err := ss.enter(evHeldVersions); err != nil {
+		return err
 	}
 	held := hv.GetResourceVersions()
 	if err := checkVersions("HeldVersions.resource_versions", held); err != nil {
@@ -416,7 +407,6 @@ func (ss *session) handleHeldVersions(hv *vsplanev1.HeldVersions) error {
 		held = map[string]string{}
 	}
 	delete(held, "")
-	ss.versionsAsked = time.Time{}
 	ss.st.mu.Lock()
 	ss.st.sent = held // acknowledged too: nothing was sent, ackDiff is empty
 	ss.st.mu.Unlock()
@@ -457,23 +447,18 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 
 	ss.st.mu.Lock()
 	ss.ackedChanged()
-	if ss.st.nackErrs == nil {
-		ss.st.nackErrs = map[string]string{}
-	}
 	for _, r := range d.upserts {
 		name, v := r.GetName(), r.GetVersion()
 		if e, bad := failed[name]; bad || allFailed {
-			ss.nacked[name] = v
 			msg := "NACK without a message for this resource"
 			if bad {
 				msg = e.GetMessage()
 			}
-			ss.st.nackErrs[name] = v + ": " + msg
+			ss.st.nacked[name] = nackedVersion{version: v, message: msg}
 			continue
 		}
 		ss.st.setAcked(name, v, true)
-		delete(ss.nacked, name)
-		delete(ss.st.nackErrs, name)
+		delete(ss.st.nacked, name)
 	}
 	for _, name := range d.removed {
 		if _, bad := failed[name]; bad || allFailed {
@@ -519,9 +504,10 @@ func (ss *session) handleAck(ack *vsplanev1.Ack) error {
 // sent (a NACKed removal leaves one behind). Inspection and the metrics
 // then answer "pending" by comparing lastSys with the node's current
 // version instead of comparing every resource (Registry). The record
-// holds until the acknowledged state changes (ackedChanged).
+// holds until the acknowledged state changes (ackedChanged). Only a
+// streaming stream can be in sync.
 func (ss *session) noteInSync() {
-	if ss.inSync || !ss.firstSent || ss.needFull || len(ss.inflight) > 0 || len(ss.nacked) > 0 || len(ss.dirty) > 0 {
+	if ss.st.inSyncAt != "" || ss.state.phase != phaseStreaming || len(ss.inflight) > 0 || len(ss.st.nacked) > 0 || len(ss.dirty) > 0 {
 		return
 	}
 	for _, n := range ss.sub.Drain() {
@@ -532,14 +518,14 @@ func (ss *session) noteInSync() {
 	}
 	ss.st.mu.Lock()
 	if len(ss.st.ackDiff) == 0 {
-		ss.st.inSyncAt, ss.inSync = ss.lastSys, true
+		ss.st.inSyncAt = ss.lastSys
 	}
 	ss.st.mu.Unlock()
 }
 
 // ackedChanged forgets the in-sync record; st.mu is held.
 func (ss *session) ackedChanged() {
-	ss.st.inSyncAt, ss.inSync = "", false
+	ss.st.inSyncAt = ""
 }
 
 func nackSummary(errs []*vsplanev1.ResourceError) string {
