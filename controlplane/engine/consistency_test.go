@@ -33,8 +33,8 @@ func versionsOf(st *snapshot.Store, node string) (map[string]string, bool) {
 		return nil, false
 	}
 	out := make(map[string]string, len(rs))
-	for _, r := range rs {
-		out[r.GetName()] = r.GetVersion()
+	for _, e := range rs {
+		out[e.Resource.GetName()] = e.Resource.GetVersion()
 	}
 	return out, true
 }

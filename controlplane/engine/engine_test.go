@@ -88,10 +88,20 @@ func get(t *testing.T, st *snapshot.Store, node, name string) *vsplanev1.Resourc
 func listNames(st *snapshot.Store, node string) []string {
 	rs, _, _ := st.List(node)
 	var out []string
-	for _, r := range rs {
-		out = append(out, r.Name)
+	for _, e := range rs {
+		out = append(out, e.Resource.Name)
 	}
 	return out
+}
+
+// triggerOf is node's trigger time of name as the store reads it with the
+// resource (zero if node does not hold it).
+func triggerOf(st *snapshot.Store, node, name string) time.Time {
+	found, _, _ := st.Lookup(node, []string{name})
+	if len(found) == 0 {
+		return time.Time{}
+	}
+	return found[0].Trigger
 }
 
 func TestSharedVariantsAndLocalFlags(t *testing.T) {
@@ -121,7 +131,7 @@ func TestSharedVariantsAndLocalFlags(t *testing.T) {
 		t.Errorf("translations = %v, want 3", got)
 	}
 	// A new node's resources carry the node's trigger time.
-	if got := st.TriggerTime("n3", name); !got.Equal(time.Unix(1, 0)) {
+	if got := triggerOf(st, "n3", name); !got.Equal(time.Unix(1, 0)) {
 		t.Errorf("trigger %v", got)
 	}
 	if diff := cmp.Diff([]string{"node/settings", name}, listNames(st, "n1")); diff != "" {
@@ -135,7 +145,7 @@ func TestSharedVariantsAndLocalFlags(t *testing.T) {
 	setSlice(c, "web", "web-1", time.Unix(60, 0), ready("198.19.1.5", "n1"), ready("198.19.2.6", "n2"))
 	apply(t, e, c)
 	// Earliest trigger of the changes behind the new value.
-	if got := st.TriggerTime("n3", name); !got.Equal(time.Unix(60, 0)) {
+	if got := triggerOf(st, "n3", name); !got.Equal(time.Unix(60, 0)) {
 		t.Errorf("trigger %v", got)
 	}
 	if n1 := get(t, st, "n1", name); n1 == r1 {

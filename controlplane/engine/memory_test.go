@@ -67,8 +67,8 @@ func perNodeMapsBytes(s builtState) uint64 {
 	for _, n := range s.store.Nodes() {
 		list, _, _ := s.store.List(n)
 		m := make(map[string]slot, len(list))
-		for _, r := range list {
-			m[r.GetName()] = slot{res: r, trigger: s.store.TriggerTime(n, r.GetName()).UnixNano()}
+		for _, e := range list {
+			m[e.Resource.GetName()] = slot{res: e.Resource, trigger: e.Trigger.UnixNano()}
 		}
 		maps[n] = m
 	}

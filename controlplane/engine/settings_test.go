@@ -19,8 +19,8 @@ func versions(st *snapshot.Store, nodes ...string) map[string]map[string]string 
 	for _, n := range nodes {
 		rs, _, _ := st.List(n)
 		out[n] = map[string]string{}
-		for _, r := range rs {
-			out[n][r.Name] = r.Version
+		for _, e := range rs {
+			out[n][e.Resource.Name] = e.Resource.Version
 		}
 	}
 	return out

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/snapshot"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -42,9 +43,9 @@ type Agents interface {
 // Snapshots is the desired state. stream.Source (and so *snapshot.Store)
 // satisfies it. Returned resources are shared and must not be modified.
 type Snapshots interface {
-	// List returns a node's resources sorted by name (nil, "", false for an
-	// unknown node).
-	List(node string) (resources []*vsplanev1.Resource, systemVersion string, ok bool)
+	// List returns a node's resources sorted by name, with their trigger
+	// times (nil, "", false for an unknown node).
+	List(node string) (entries []snapshot.Entry, systemVersion string, ok bool)
 	// Get returns one resource of a node.
 	Get(node, name string) (*vsplanev1.Resource, bool)
 	// Has reports whether node is known.
@@ -125,12 +126,12 @@ func (s *Server) GetNodeSnapshot(_ context.Context, req *vsplanev1.GetNodeSnapsh
 	if err := checkNode(node); err != nil {
 		return nil, err
 	}
-	res, sv, ok := s.snapshots.List(node)
+	entries, sv, ok := s.snapshots.List(node)
 	if !ok {
 		return nil, unknownNode(node)
 	}
 	// Resources are shared and immutable; the response only reads them.
-	return &vsplanev1.GetNodeSnapshotResponse{NodeName: node, SystemVersion: sv, Resources: res}, nil
+	return &vsplanev1.GetNodeSnapshotResponse{NodeName: node, SystemVersion: sv, Resources: snapshot.Resources(entries)}, nil
 }
 
 // SetRollouts installs the rollout view (it needs this server for the fleet

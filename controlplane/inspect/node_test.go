@@ -322,8 +322,8 @@ func TestInspectionChangesNothing(t *testing.T) {
 		for _, n := range store.Nodes() {
 			res, sv, _ := store.List(n)
 			b.WriteString(n + "@" + sv + ";")
-			for _, r := range res {
-				b.WriteString(r.GetName() + "@" + r.GetVersion() + ",")
+			for _, e := range res {
+				b.WriteString(e.Resource.GetName() + "@" + e.Resource.GetVersion() + ",")
 			}
 		}
 		info, _ := e.srv.Registry().Agent("n1")

@@ -84,12 +84,11 @@ func oldestPending(d Desired, node string, acked map[string]string) time.Time {
 		return time.Time{}
 	}
 	var oldest time.Time
-	for _, r := range res {
-		if v, ok := acked[r.GetName()]; ok && v == r.GetVersion() {
+	for _, e := range res {
+		if v, ok := acked[e.Resource.GetName()]; ok && v == e.Resource.GetVersion() {
 			continue
 		}
-		t := d.TriggerTime(node, r.GetName())
-		if !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+		if t := e.Trigger; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
 			oldest = t
 		}
 	}

@@ -39,8 +39,9 @@ type Agents interface {
 
 // Desired is the per-node desired state; *snapshot.Store satisfies it.
 type Desired interface {
-	List(node string) ([]*vsplanev1.Resource, string, bool)
-	TriggerTime(node, name string) time.Time
+	// List returns node's resources with their trigger times (read
+	// together, see stream.Source).
+	List(node string) ([]stream.Entry, string, bool)
 	// Has reports whether node is in the desired state (a known Node).
 	Has(node string) bool
 }

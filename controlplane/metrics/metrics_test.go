@@ -172,12 +172,15 @@ type fakeDesired struct {
 	triggers map[string]time.Time // node/name
 }
 
-func (f fakeDesired) List(node string) ([]*vsplanev1.Resource, string, bool) {
-	r, ok := f.res[node]
-	return r, "v", ok
+func (f fakeDesired) List(node string) ([]stream.Entry, string, bool) {
+	rs, ok := f.res[node]
+	var out []stream.Entry
+	for _, r := range rs {
+		out = append(out, stream.Entry{Resource: r, Trigger: f.triggers[node+"/"+r.GetName()]})
+	}
+	return out, "v", ok
 }
-func (f fakeDesired) TriggerTime(node, name string) time.Time { return f.triggers[node+"/"+name] }
-func (f fakeDesired) Has(node string) bool                    { _, ok := f.res[node]; return ok }
+func (f fakeDesired) Has(node string) bool { _, ok := f.res[node]; return ok }
 
 func TestAgentGaugesAtScrapeTime(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)

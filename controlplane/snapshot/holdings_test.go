@@ -151,11 +151,12 @@ func checkAgainstModel(t *testing.T, round int, s *Store, m *model, nodes []stri
 		if g := names(got); !slices.Equal(g, wantNames) {
 			t.Fatalf("round %d: node %s lists %v, want %v", round, n, g, wantNames)
 		}
-		for _, r := range got {
+		for _, e := range got {
+			r := e.Resource
 			if r.Version != want[r.Name].version {
 				t.Fatalf("round %d: node %s %s version %s, want %s", round, n, r.Name, r.Version, want[r.Name].version)
 			}
-			if tt := s.TriggerTime(n, r.Name); !tt.Equal(want[r.Name].trigger) && !(tt.IsZero() && want[r.Name].trigger.Unix() == 0) {
+			if tt := e.Trigger; !tt.Equal(want[r.Name].trigger) && !(tt.IsZero() && want[r.Name].trigger.Unix() == 0) {
 				t.Fatalf("round %d: node %s %s trigger %v, want %v", round, n, r.Name, tt, want[r.Name].trigger)
 			}
 		}

@@ -10,8 +10,8 @@
 // Services + exceptions, not Services × nodes.
 //
 // The engine writes through Commit (one lock per batch); the stream server
-// reads through Subscribe/List/Get/TriggerTime (stream.Source states that
-// contract).
+// reads through Subscribe/List/Lookup (stream.Source states that contract),
+// each resource with its trigger time, read under the same lock.
 //
 // # Consistency: readers only ever see complete node states
 //
@@ -418,38 +418,66 @@ func (s *Store) release(e *internEntry) {
 	}
 }
 
-// List returns node's resources sorted by name and its system version, or
-// ok=false for an unknown node. The resources are shared: never modify them.
-func (s *Store) List(node string) ([]*vsplanev1.Resource, string, bool) {
+// Entry is one resource of a node with its trigger time: the earliest
+// change time (Service/EndpointSlice) behind the node's current version of
+// it; zero if unknown. Resource is shared: never modify it.
+type Entry struct {
+	Resource *vsplanev1.Resource
+	Trigger  time.Time
+}
+
+// Resources returns the entries' resources, in their order.
+func Resources(entries []Entry) []*vsplanev1.Resource {
+	out := make([]*vsplanev1.Resource, len(entries))
+	for i, e := range entries {
+		out[i] = e.Resource
+	}
+	return out
+}
+
+// entry is sl as held by ns. Caller holds s.mu.
+func entry(ns *nodeState, sl slot) Entry {
+	e := Entry{Resource: sl.e.res}
+	if t := triggerOf(ns, sl); t != 0 {
+		e.Trigger = time.Unix(0, t)
+	}
+	return e
+}
+
+// List returns node's resources with their trigger times, sorted by name,
+// and its system version, all read under one lock; ok=false for an unknown
+// node.
+func (s *Store) List(node string) ([]Entry, string, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	ns, ok := s.nodes[node]
 	if !ok {
 		return nil, "", false
 	}
-	out := make([]*vsplanev1.Resource, 0, ns.held)
+	out := make([]Entry, 0, ns.held)
 	for name := range s.names {
 		if sl, ok := s.get(ns, name); ok {
-			out = append(out, sl.e.res)
+			out = append(out, entry(ns, sl))
 		}
 	}
-	slices.SortFunc(out, func(a, b *vsplanev1.Resource) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Resource.Name, b.Resource.Name) })
 	return out, wire.FormatSystemVersion(ns.sys), true
 }
 
 // Lookup returns node's resources among names (absent names are left out)
-// and its system version, read under one lock; ok=false for an unknown node.
-func (s *Store) Lookup(node string, names []string) ([]*vsplanev1.Resource, string, bool) {
+// with their trigger times, and its system version, all read under one
+// lock; ok=false for an unknown node.
+func (s *Store) Lookup(node string, names []string) ([]Entry, string, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	ns, ok := s.nodes[node]
 	if !ok {
 		return nil, "", false
 	}
-	out := make([]*vsplanev1.Resource, 0, len(names))
+	out := make([]Entry, 0, len(names))
 	for _, n := range names {
 		if sl, ok := s.get(ns, n); ok {
-			out = append(out, sl.e.res)
+			out = append(out, entry(ns, sl))
 		}
 	}
 	return out, wire.FormatSystemVersion(ns.sys), true
@@ -473,21 +501,6 @@ func (s *Store) Get(node, name string) (*vsplanev1.Resource, bool) {
 		}
 	}
 	return nil, false
-}
-
-// TriggerTime returns the trigger time recorded when node's current version
-// of name was set; zero if unknown.
-func (s *Store) TriggerTime(node, name string) time.Time {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if ns, ok := s.nodes[node]; ok {
-		if sl, ok := s.get(ns, name); ok {
-			if t := triggerOf(ns, sl); t != 0 {
-				return time.Unix(0, t)
-			}
-		}
-	}
-	return time.Time{}
 }
 
 // Nodes returns the known nodes, sorted.

@@ -20,12 +20,22 @@ func svcRes(t *testing.T, name, addr string) *vsplanev1.Resource {
 	return r
 }
 
-func names(rs []*vsplanev1.Resource) []string {
+func names(es []Entry) []string {
 	var out []string
-	for _, r := range rs {
-		out = append(out, r.Name)
+	for _, e := range es {
+		out = append(out, e.Resource.Name)
 	}
 	return out
+}
+
+// triggerAt is node's trigger time of name as Lookup reads it with the
+// resource (zero if node does not hold name).
+func triggerAt(s *Store, node, name string) time.Time {
+	found, _, _ := s.Lookup(node, []string{name})
+	if len(found) == 0 {
+		return time.Time{}
+	}
+	return found[0].Trigger
 }
 
 func TestVersionIsContentHash(t *testing.T) {
@@ -118,7 +128,7 @@ func TestListGetTriggerAndSystemVersion(t *testing.T) {
 	if v1 == empty {
 		t.Fatal("system version did not change")
 	}
-	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(t1) {
+	if got := triggerAt(s, "n1", "service/ns/a"); !got.Equal(t1) {
 		t.Fatalf("trigger %v, want %v", got, t1)
 	}
 	// Re-setting equal content changes nothing, not even the trigger time.
@@ -127,7 +137,7 @@ func TestListGetTriggerAndSystemVersion(t *testing.T) {
 	if st := s.Commit(&b); st.Changed != 0 {
 		t.Fatalf("no-op set changed %d", st.Changed)
 	}
-	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(t1) {
+	if got := triggerAt(s, "n1", "service/ns/a"); !got.Equal(t1) {
 		t.Fatalf("trigger moved to %v on a no-op", got)
 	}
 	// Change then change back: the system version returns to its old value
@@ -139,7 +149,7 @@ func TestListGetTriggerAndSystemVersion(t *testing.T) {
 	if v2 == v1 {
 		t.Fatal("system version unchanged after a change")
 	}
-	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(time.Unix(300, 0)) {
+	if got := triggerAt(s, "n1", "service/ns/a"); !got.Equal(time.Unix(300, 0)) {
 		t.Fatalf("trigger %v", got)
 	}
 	b = Batch{}
@@ -151,7 +161,7 @@ func TestListGetTriggerAndSystemVersion(t *testing.T) {
 	if _, ok := s.Get("n1", "service/ns/zzz"); ok {
 		t.Fatal("Get of absent name")
 	}
-	if !s.TriggerTime("n9", "x").IsZero() {
+	if !triggerAt(s, "n9", "x").IsZero() {
 		t.Fatal("trigger of unknown node")
 	}
 	// Set on an unknown node is ignored.
@@ -286,10 +296,10 @@ func TestStagedNodeIsPublishedWhole(t *testing.T) {
 	if diff := cmp.Diff([]string{"service/ns/b", "service/ns/c", "service/ns/d"}, sub.Drain()); diff != "" {
 		t.Fatalf("drain (-want +got):\n%s", diff)
 	}
-	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(time.Unix(10, 0)) {
+	if got := triggerAt(s, "n1", "service/ns/a"); !got.Equal(time.Unix(10, 0)) {
 		t.Fatalf("unchanged resource's trigger time moved to %v", got)
 	}
-	if got := s.TriggerTime("n1", "service/ns/c"); !got.Equal(time.Unix(30, 0)) {
+	if got := triggerAt(s, "n1", "service/ns/c"); !got.Equal(time.Unix(30, 0)) {
 		t.Fatalf("new resource's trigger time %v", got)
 	}
 	if st := s.Stats(); st != (Stats{Nodes: 1, Slots: 3, Distinct: 3}) {
@@ -335,7 +345,7 @@ func TestFilledNodesShareResources(t *testing.T) {
 	}
 	for i := range nodes {
 		node := fmt.Sprintf("n%d", i)
-		if got := s.TriggerTime(node, "service/ns/a"); !got.Equal(time.Unix(int64(100+i), 0)) {
+		if got := triggerAt(s, node, "service/ns/a"); !got.Equal(time.Unix(int64(100+i), 0)) {
 			t.Fatalf("%s: trigger %v, want its stage trigger", node, got)
 		}
 	}
@@ -346,10 +356,10 @@ func TestFilledNodesShareResources(t *testing.T) {
 		b.Set(fmt.Sprintf("n%d", i), b2, time.Unix(200, 0))
 	}
 	s.Commit(&b)
-	if got := s.TriggerTime("n3", "service/ns/b"); !got.Equal(time.Unix(200, 0)) {
+	if got := triggerAt(s, "n3", "service/ns/b"); !got.Equal(time.Unix(200, 0)) {
 		t.Fatalf("trigger after a change %v", got)
 	}
-	if got := s.TriggerTime("n3", "service/ns/a"); !got.Equal(time.Unix(103, 0)) {
+	if got := triggerAt(s, "n3", "service/ns/a"); !got.Equal(time.Unix(103, 0)) {
 		t.Fatalf("unchanged a: trigger %v", got)
 	}
 	// Restaging n1 (zone change) with the same content keeps the triggers
@@ -362,17 +372,17 @@ func TestFilledNodesShareResources(t *testing.T) {
 	if st := s.Commit(&b); st.Changed != 0 {
 		t.Fatalf("restage with the same content changed %d names", st.Changed)
 	}
-	if got := s.TriggerTime("n1", "service/ns/a"); !got.Equal(time.Unix(101, 0)) {
+	if got := triggerAt(s, "n1", "service/ns/a"); !got.Equal(time.Unix(101, 0)) {
 		t.Fatalf("restaged a: trigger %v, want the first stage's", got)
 	}
-	if got := s.TriggerTime("n1", "service/ns/b"); !got.Equal(time.Unix(200, 0)) {
+	if got := triggerAt(s, "n1", "service/ns/b"); !got.Equal(time.Unix(200, 0)) {
 		t.Fatalf("restaged b: trigger %v, want the change's", got)
 	}
 	// Fill on a published node is a Set without a trigger.
 	b = Batch{}
 	b.Fill("n2", svcRes(t, "c", "198.18.0.4"))
 	s.Commit(&b)
-	if got := s.TriggerTime("n2", "service/ns/c"); !got.IsZero() {
+	if got := triggerAt(s, "n2", "service/ns/c"); !got.IsZero() {
 		t.Fatalf("Fill on a published node: trigger %v, want none", got)
 	}
 }

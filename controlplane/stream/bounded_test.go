@@ -78,8 +78,8 @@ func (e *env) acknowledgedIsDesired(node string) bool {
 	}
 	res, _, _ := e.src.List(node)
 	want := map[string]string{}
-	for _, r := range res {
-		want[r.GetName()] = r.GetVersion()
+	for _, e := range res {
+		want[e.Resource.GetName()] = e.Resource.GetVersion()
 	}
 	return maps.Equal(info.GetAcknowledgedVersions(), want) && info.GetPendingResources() == 0
 }

@@ -38,9 +38,9 @@ func ResourceCost(r *vsplanev1.Resource) int {
 // cost: whole resources until the next would exceed budget, and at least
 // one (a resource larger than the budget goes alone; resources are never
 // split, so a node only ever holds whole resources).
-func fit(upserts []*vsplanev1.Resource, budget int) (n, cost int) {
+func fit(upserts []Entry, budget int) (n, cost int) {
 	for n < len(upserts) {
-		c := ResourceCost(upserts[n])
+		c := ResourceCost(upserts[n].Resource)
 		if n > 0 && cost+c > budget {
 			break
 		}

@@ -41,10 +41,10 @@ func TestResourceCost(t *testing.T) {
 }
 
 func TestFitTakesWholeResourcesInOrder(t *testing.T) {
-	of := func(costs ...int) []*vsplanev1.Resource {
-		var out []*vsplanev1.Resource
+	of := func(costs ...int) []Entry {
+		var out []Entry
 		for _, c := range costs {
-			out = append(out, service([]int{c - 2}, 0)) // 1 + (1 + c-2)
+			out = append(out, Entry{Resource: service([]int{c - 2}, 0)}) // 1 + (1 + c-2)
 		}
 		return out
 	}

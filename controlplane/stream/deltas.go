@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/vsplane/vsplane/controlplane/snapshot"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -43,7 +44,7 @@ func (ss *session) maybeSend() error {
 // with the same ClusterIP), so the node never lacks both. Every Delta thus
 // leaves the node at a prefix of a complete state.
 func (ss *session) sendNext() (bool, error) {
-	var upserts []*vsplanev1.Resource
+	var upserts []Entry
 	var removed []string
 	var sysVersion string
 	full := ss.state.phase.fullPass()
@@ -64,19 +65,19 @@ func (ss *session) sendNext() (bool, error) {
 		}
 		sysVersion, ss.lastSys = sv, sv
 		set := make(map[string]struct{}, len(res)+len(ss.st.sent))
-		for _, r := range res {
-			set[r.GetName()] = struct{}{}
+		for _, e := range res {
+			set[e.Resource.GetName()] = struct{}{}
 		}
 		for n := range ss.st.sent {
 			set[n] = struct{}{}
 		}
 		for _, name := range slices.Sorted(maps.Keys(set)) {
-			i, found := sort.Find(len(res), func(i int) int { return strings.Compare(name, res[i].GetName()) })
-			var r *vsplanev1.Resource
+			i, found := sort.Find(len(res), func(i int) int { return strings.Compare(name, res[i].Resource.GetName()) })
+			var e Entry
 			if found {
-				r = res[i]
+				e = res[i]
 			}
-			upserts, removed = ss.decide(name, r, found, upserts, removed)
+			upserts, removed = ss.decide(name, e, found, upserts, removed)
 		}
 	} else {
 		// Incremental: O(pending names), one consistent read.
@@ -86,13 +87,13 @@ func (ss *session) sendNext() (bool, error) {
 			return false, ss.nodeUnknown()
 		}
 		sysVersion, ss.lastSys = sv, sv
-		byName := make(map[string]*vsplanev1.Resource, len(found))
-		for _, r := range found {
-			byName[r.GetName()] = r
+		byName := make(map[string]Entry, len(found))
+		for _, e := range found {
+			byName[e.Resource.GetName()] = e
 		}
 		for _, name := range names {
-			r, ok := byName[name]
-			upserts, removed = ss.decide(name, r, ok, upserts, removed)
+			e, ok := byName[name]
+			upserts, removed = ss.decide(name, e, ok, upserts, removed)
 		}
 	}
 	ss.resetDirty()
@@ -109,12 +110,12 @@ func (ss *session) sendNext() (bool, error) {
 			// Splitting would defer the removals past the first Delta and
 			// so past that guard: a first Delta with removals goes whole.
 			// A cold start (nothing removed) is split like any burst.
-			for _, r := range upserts[n:] {
-				cost += ResourceCost(r)
+			for _, e := range upserts[n:] {
+				cost += ResourceCost(e.Resource)
 			}
 		} else {
-			for _, r := range upserts[n:] {
-				ss.dirty[r.GetName()] = struct{}{}
+			for _, e := range upserts[n:] {
+				ss.dirty[e.Resource.GetName()] = struct{}{}
 			}
 			for _, name := range removed {
 				ss.dirty[name] = struct{}{}
@@ -145,12 +146,12 @@ func (ss *session) nodeUnknown() error {
 // (phaseResolve): if it is the node's, the agent holds exactly res (sent
 // becomes res, and the first Delta is empty); if not, a VersionsRequest
 // goes out and resumed reports false.
-func (ss *session) resumed(res []*vsplanev1.Resource, sv string) (bool, error) {
+func (ss *session) resumed(res []Entry, sv string) (bool, error) {
 	claim := ss.state.claim
 	if claim.systemVersion == sv && int(claim.count) == len(res) {
 		ss.st.mu.Lock()
-		for _, r := range res {
-			ss.st.sent[r.GetName()] = r.GetVersion() // shares the store's strings
+		for _, e := range res {
+			ss.st.sent[e.Resource.GetName()] = e.Resource.GetVersion() // shares the store's strings
 		}
 		ss.st.mu.Unlock()
 		ss.log.Info("agent resumed by system version: it holds the node's desired state",
@@ -164,18 +165,19 @@ func (ss *session) resumed(res []*vsplanev1.Resource, sv string) (bool, error) {
 }
 
 // decide appends name to upserts or removed if the agent needs it: desired
-// (found) with a version other than the one sent and not a NACKed one, or
-// not desired but held by the agent.
-func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
-	upserts []*vsplanev1.Resource, removed []string) ([]*vsplanev1.Resource, []string) {
+// (found, as e) with a version other than the one sent and not a NACKed
+// one, or not desired but held by the agent.
+func (ss *session) decide(name string, e Entry, found bool,
+	upserts []Entry, removed []string) ([]Entry, []string) {
 	if found {
-		if v, ok := ss.st.sent[name]; ok && v == r.GetVersion() {
+		v := e.Resource.GetVersion()
+		if sv, ok := ss.st.sent[name]; ok && sv == v {
 			return upserts, removed
 		}
-		if v, ok := ss.st.nacked[name]; ok && v.version == r.GetVersion() {
+		if nv, ok := ss.st.nacked[name]; ok && nv.version == v {
 			return upserts, removed
 		}
-		return append(upserts, r), removed
+		return append(upserts, e), removed
 	}
 	if _, held := ss.st.sent[name]; held {
 		removed = append(removed, name)
@@ -184,9 +186,11 @@ func (ss *session) decide(name string, r *vsplanev1.Resource, found bool,
 }
 
 // queue records a Delta as in flight and hands it to the sender goroutine.
-// cost and budget are for the log only.
-func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVersion string, cost, budget int) {
+// The trigger times are the ones read with the resources (Entry), so they
+// are never a newer version's. cost and budget are for the log only.
+func (ss *session) queue(entries []Entry, removed []string, sysVersion string, cost, budget int) {
 	ss.nonce++
+	upserts := snapshot.Resources(entries)
 	d := &inflightDelta{
 		nonce:   strconv.FormatUint(ss.nonce, 10),
 		upserts: upserts,
@@ -198,17 +202,18 @@ func (ss *session) queue(upserts []*vsplanev1.Resource, removed []string, sysVer
 		Resources:     upserts, // shared, immutable resources: never modified here
 		Removed:       removed,
 	}
-	for i, r := range upserts {
-		if t := ss.s.src.TriggerTime(ss.node, r.GetName()); !t.IsZero() {
-			if d.triggers == nil {
-				d.triggers = make([]int64, len(upserts))
-			}
-			d.triggers[i] = t.UnixNano()
-			if delta.TriggerTimes == nil {
-				delta.TriggerTimes = map[string]*timestamppb.Timestamp{}
-			}
-			delta.TriggerTimes[r.GetName()] = timestamppb.New(t)
+	for i, e := range entries {
+		if e.Trigger.IsZero() {
+			continue
 		}
+		if d.triggers == nil {
+			d.triggers = make([]int64, len(upserts))
+		}
+		d.triggers[i] = e.Trigger.UnixNano()
+		if delta.TriggerTimes == nil {
+			delta.TriggerTimes = map[string]*timestamppb.Timestamp{}
+		}
+		delta.TriggerTimes[e.Resource.GetName()] = timestamppb.New(e.Trigger)
 	}
 	d.sentAt = time.Now()
 	// Never blocks: the queue's capacity is MaxInFlight and every queued

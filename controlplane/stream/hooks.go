@@ -50,7 +50,7 @@ type AckEvent struct {
 	ApplyDuration time.Duration
 	// SentAt is when the Delta was sent; ReceivedAt when the Ack arrived.
 	SentAt, ReceivedAt time.Time
-	// TriggerTimes of the Delta's resources (from Source.TriggerTime), by
+	// TriggerTimes of the Delta's resources (read with them from the Source), by
 	// name; trigger→ReceivedAt is the end-to-end programming latency.
 	TriggerTimes map[string]time.Time
 	// Resources and Removed count what the Delta carried.

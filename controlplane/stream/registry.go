@@ -254,14 +254,14 @@ func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
 		seen := 0
 		var pending uint32
 		var oldest time.Time
-		for _, rs := range res {
-			v, ok := info.AcknowledgedVersions[rs.GetName()]
+		for _, e := range res {
+			v, ok := info.AcknowledgedVersions[e.Resource.GetName()]
 			if ok {
 				seen++
 			}
-			if !ok || v != rs.GetVersion() {
+			if !ok || v != e.Resource.GetVersion() {
 				pending++
-				if t := r.src.TriggerTime(st.node, rs.GetName()); !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+				if t := e.Trigger; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
 					oldest = t
 				}
 			}

@@ -1,10 +1,7 @@
 package stream
 
 import (
-	"time"
-
 	"github.com/vsplane/vsplane/controlplane/snapshot"
-	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // Source is the per-node desired state the stream server sends.
@@ -18,24 +15,26 @@ type Source interface {
 	// List so no change is missed. Works for nodes the store does not know
 	// yet (they may appear later).
 	Subscribe(node string) Subscription
-	// List returns node's current desired resources sorted by name, plus the
-	// node's system version: internal/wire.SystemVersion of those
-	// resources, so equal versions mean equal resources, and an agent that
-	// reports the node's system version in its Hello holds exactly them.
-	// Unknown node -> nil, "", false. Returned resources are shared and
-	// immutable.
-	List(node string) (resources []*vsplanev1.Resource, systemVersion string, ok bool)
+	// List returns node's current desired resources sorted by name, each
+	// with its trigger time (Entry), plus the node's system version:
+	// internal/wire.SystemVersion of those resources, so equal versions
+	// mean equal resources, and an agent that reports the node's system
+	// version in its Hello holds exactly them. Unknown node -> nil, "",
+	// false. Returned resources are shared and immutable.
+	List(node string) (entries []Entry, systemVersion string, ok bool)
 	// Lookup returns node's current resources among names (names the node
-	// does not have are left out) and its system version, all read at once;
-	// ok=false for an unknown node. It costs O(len(names)), so Deltas after
-	// the first are O(changes), not O(node size), and a Lookup of no names
-	// reads the version alone.
-	Lookup(node string, names []string) (found []*vsplanev1.Resource, systemVersion string, ok bool)
-	// TriggerTime is the earliest trigger time (Service/EndpointSlice change
-	// time) of the change that produced the node's current version of
-	// resource `name`; zero if unknown.
-	TriggerTime(node, name string) time.Time
+	// does not have are left out), each with its trigger time, and its
+	// system version, all read at once; ok=false for an unknown node. It
+	// costs O(len(names)), so Deltas after the first are O(changes), not
+	// O(node size), and a Lookup of no names reads the version alone.
+	Lookup(node string, names []string) (found []Entry, systemVersion string, ok bool)
 }
+
+// Entry is a resource with its trigger time: the earliest trigger time
+// (Service/EndpointSlice change time) of the change that produced the
+// node's current version of it; zero if unknown. Read with the resource,
+// so it is never a newer version's (see snapshot.Entry).
+type Entry = snapshot.Entry
 
 // Subscription reports which resource names of one node changed (see
 // snapshot.Subscription).

@@ -104,8 +104,8 @@ func TestWatchEndToEnd(t *testing.T) {
 		r, _ := st.Get("n1", "service/ns/web")
 		return len(r.GetService().GetVirtualServers()[0].GetRealServers()) == 2
 	})
-	if got, want := st.TriggerTime("n1", "service/ns/web"), time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC); !got.Equal(want) {
-		t.Errorf("trigger %v, want %v", got, want)
+	if found, _, _ := st.Lookup("n1", []string{"service/ns/web"}); len(found) != 1 || !found[0].Trigger.Equal(time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)) {
+		t.Errorf("trigger of %v, want %v", found, time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC))
 	}
 
 	// A headless Service is not proxied; a new node gets everything; deleting a Service removes it.

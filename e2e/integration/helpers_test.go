@@ -362,7 +362,8 @@ func ackedExactly(r *app.Replica, node string) string {
 	acked := info.GetAcknowledgedVersions()
 	var diffs []string
 	names := map[string]bool{}
-	for _, res := range desired {
+	for _, e := range desired {
+		res := e.Resource
 		names[res.GetName()] = true
 		if v, ok := acked[res.GetName()]; !ok || v != res.GetVersion() {
 			diffs = append(diffs, fmt.Sprintf("%s: desired %s, acknowledged %q", res.GetName(), res.GetVersion(), v))

@@ -162,7 +162,7 @@ func (s *Source) Lists(node string) int {
 }
 
 // List implements stream.Source.
-func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
+func (s *Source) List(node string) ([]stream.Entry, string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lookups[node]++
@@ -171,11 +171,11 @@ func (s *Source) List(node string) ([]*vsplanev1.Resource, string, bool) {
 	if !ok {
 		return nil, "", false
 	}
-	out := make([]*vsplanev1.Resource, 0, len(m))
-	for _, r := range m {
-		out = append(out, r)
+	out := make([]stream.Entry, 0, len(m))
+	for name, r := range m {
+		out = append(out, stream.Entry{Resource: r, Trigger: s.triggers[node][name]})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	sort.Slice(out, func(i, j int) bool { return out[i].Resource.GetName() < out[j].Resource.GetName() })
 	return out, systemVersion(m), true
 }
 
@@ -196,7 +196,7 @@ func (s *Source) Has(node string) bool {
 }
 
 // Lookup implements stream.Source.
-func (s *Source) Lookup(node string, names []string) ([]*vsplanev1.Resource, string, bool) {
+func (s *Source) Lookup(node string, names []string) ([]stream.Entry, string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lookups[node]++
@@ -204,16 +204,17 @@ func (s *Source) Lookup(node string, names []string) ([]*vsplanev1.Resource, str
 	if !ok {
 		return nil, "", false
 	}
-	var out []*vsplanev1.Resource
+	var out []stream.Entry
 	for _, n := range names {
 		if r, ok := m[n]; ok {
-			out = append(out, r)
+			out = append(out, stream.Entry{Resource: r, Trigger: s.triggers[node][n]})
 		}
 	}
 	return out, systemVersion(m), true
 }
 
-// TriggerTime implements stream.Source.
+// TriggerTime returns the trigger time node's resource name was set with
+// (zero: none), for tests; it is not counted by Lookups.
 func (s *Source) TriggerTime(node, name string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
