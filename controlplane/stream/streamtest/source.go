@@ -73,28 +73,34 @@ func (s *Source) RemoveNode(node string) {
 		names = append(names, n)
 	}
 	delete(s.nodes, node)
+	delete(s.triggers, node)
 	s.notify(node, names...)
 }
 
 // Set upserts name@version for node (making the node known) with trigger
-// time trigger (zero: none) and notifies subscribers.
+// time trigger (zero: none; see SetResource) and notifies subscribers.
 func (s *Source) Set(node, name, version string, trigger time.Time) {
 	s.SetResource(node, Resource(name, version), trigger)
 }
 
-// SetResource upserts res for node (making the node known) with trigger
-// time trigger and notifies subscribers.
+// SetResource upserts res for node (making the node known) and notifies
+// subscribers. trigger (zero: none) becomes the resource's trigger time if
+// its version changes; the same version keeps the trigger of the change
+// that produced it, as in the store.
 func (s *Source) SetResource(node string, res *vsplanev1.Resource, trigger time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.nodes[node] == nil {
 		s.nodes[node] = map[string]*vsplanev1.Resource{}
 	}
+	old, had := s.nodes[node][res.GetName()]
 	s.nodes[node][res.GetName()] = res
 	if s.triggers[node] == nil {
 		s.triggers[node] = map[string]time.Time{}
 	}
-	s.triggers[node][res.GetName()] = trigger
+	if !had || old.GetVersion() != res.GetVersion() {
+		s.triggers[node][res.GetName()] = trigger
+	}
 	s.notify(node, res.GetName())
 }
 
@@ -106,6 +112,7 @@ func (s *Source) Delete(node, name string) {
 		return
 	}
 	delete(s.nodes[node], name)
+	delete(s.triggers[node], name)
 	s.notify(node, name)
 }
 
@@ -214,7 +221,8 @@ func (s *Source) Lookup(node string, names []string) ([]stream.Entry, string, bo
 }
 
 // TriggerTime returns the trigger time node's resource name was set with
-// (zero: none), for tests; it is not counted by Lookups.
+// (zero: none or no such resource), for tests; it is not counted by
+// Lookups.
 func (s *Source) TriggerTime(node, name string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
