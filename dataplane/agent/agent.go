@@ -46,8 +46,8 @@ var Version = "dev"
 // Config configures an agent.
 type Config struct {
 	// ControlPlane lists the control-plane replicas' gRPC addresses
-	// (host:port, comma-separated); every reconnect tries another one.
-	ControlPlane string
+	// (host:port); every reconnect tries another one.
+	ControlPlane []string
 	// TLS verifies the control plane (internal/tlsfiles.Client); nil means
 	// plaintext, which New allows only when every control-plane address is
 	// a loopback one (local development, in-process tests).
@@ -131,7 +131,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: node name is required")
 	}
-	if cfg.ControlPlane == "" {
+	if len(cfg.ControlPlane) == 0 {
 		return nil, errors.New("agent: control plane address is required")
 	}
 	log := cfg.Logger
@@ -214,7 +214,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		applier = notifyApplier{Applier: applier, ch: a.healthSync}
 	}
 	var targets []string
-	for _, t := range strings.Split(cfg.ControlPlane, ",") {
+	for _, t := range cfg.ControlPlane {
 		if t = strings.TrimSpace(t); t != "" {
 			targets = append(targets, t)
 		}

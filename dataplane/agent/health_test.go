@@ -37,7 +37,7 @@ func nodeSettings(deleting bool) *vsplanev1.Resource {
 func healthAgent(t *testing.T) *Agent {
 	t.Helper()
 	k := memory.New().Kernel()
-	a, err := New(context.Background(), Config{ControlPlane: "127.0.0.1:1", NodeName: "node1", Kernel: &k,
+	a, err := New(context.Background(), Config{ControlPlane: []string{"127.0.0.1:1"}, NodeName: "node1", Kernel: &k,
 		Logger: zaptest.NewLogger(t), HealthCheckNodePorts: true,
 		healthListen: func(network, addr string) (net.Listener, error) {
 			_, port, err := net.SplitHostPort(addr)

@@ -70,7 +70,7 @@ func TestInspectListener(t *testing.T) {
 	// No control plane listens there: the client keeps retrying, which is
 	// fine; inspection works without a stream. No periodic reconcile runs
 	// during the test.
-	a, err := New(ctx, Config{ControlPlane: "127.0.0.1:1", NodeName: "node1", Kernel: &k,
+	a, err := New(ctx, Config{ControlPlane: []string{"127.0.0.1:1"}, NodeName: "node1", Kernel: &k,
 		Reconcile: reconcile.Config{Period: time.Hour}, InspectListener: ln, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		cancel()

@@ -33,7 +33,7 @@ func TestIPv6Detection(t *testing.T) {
 				mem.AddInterface(dev, "veth", ps...)
 			}
 			k := mem.Kernel()
-			a, err := New(context.Background(), Config{ControlPlane: "127.0.0.1:1", NodeName: "n1", Kernel: &k,
+			a, err := New(context.Background(), Config{ControlPlane: []string{"127.0.0.1:1"}, NodeName: "n1", Kernel: &k,
 				DetectIPv6: true, Logger: zaptest.NewLogger(t)})
 			if err != nil {
 				t.Fatal(err)

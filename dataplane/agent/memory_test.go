@@ -65,7 +65,7 @@ func TestAgentMemory(t *testing.T) {
 	mem := memory.New()
 	k := mem.Kernel()
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := New(ctx, Config{NodeName: "node1", ControlPlane: "127.0.0.1:1", Kernel: &k, StateDir: t.TempDir()})
+	a, err := New(ctx, Config{NodeName: "node1", ControlPlane: []string{"127.0.0.1:1"}, Kernel: &k, StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,7 +139,7 @@ func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 	}
 
 	// An agent with its node's projected token is served over TLS.
-	a := startAgentCfg(t, ctx, agent.Config{ControlPlane: addr, NodeName: "node-a", Kernel: ptr(memory.New().Kernel()),
+	a := startAgentCfg(t, ctx, agent.Config{ControlPlane: []string{addr}, NodeName: "node-a", Kernel: ptr(memory.New().Kernel()),
 		TLS: cli.Config(), TokenFile: writeToken("node-a.token", token("vsplane-agent", []string{auth.AgentAudience}, pods["node-a"]))})
 	t.Cleanup(func() { a.stop(t) })
 	eventually(t, converge, func() string {

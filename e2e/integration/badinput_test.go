@@ -176,7 +176,7 @@ func TestTransientKernelErrorHeals(t *testing.T) {
 	k := mem.Kernel()
 	fault.IPVS = k.IPVS
 	k.IPVS = fault
-	a := startAgentCfg(t, ctx, agent.Config{ControlPlane: addr, NodeName: "node-a", Kernel: &k, StateDir: t.TempDir()})
+	a := startAgentCfg(t, ctx, agent.Config{ControlPlane: []string{addr}, NodeName: "node-a", Kernel: &k, StateDir: t.TempDir()})
 	t.Cleanup(func() { a.stop(t) })
 	pending := func() string {
 		info, ok := r.Streams.Registry().Agent("node-a")

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,7 +87,7 @@ func TestAgentsSpreadOverReplicas(t *testing.T) {
 	stateDir := t.TempDir()
 	agents := make([]*testAgent, agentsN)
 	for i, n := range nodeNamesN(agentsN) {
-		agents[i] = startAgentCfg(t, ctx, agent.Config{ControlPlane: strings.Join(addrs, ","), NodeName: n,
+		agents[i] = startAgentCfg(t, ctx, agent.Config{ControlPlane: addrs, NodeName: n,
 			Kernel: ptr(memory.New().Kernel()), StateDir: filepath.Join(stateDir, n)})
 	}
 	t.Cleanup(func() {

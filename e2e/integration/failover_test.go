@@ -69,7 +69,7 @@ func TestReplicaFailoverAtScale(t *testing.T) {
 	for i, n := range nodeNames {
 		kernels[i] = memory.New()
 		agents[i] = startAgentCfg(t, ctx, agent.Config{
-			ControlPlane: addrA + "," + addrB, NodeName: n, Kernel: ptr(kernels[i].Kernel()),
+			ControlPlane: []string{addrA, addrB}, NodeName: n, Kernel: ptr(kernels[i].Kernel()),
 			StateDir: filepath.Join(stateDir, n), FirstDeltaTimeout: time.Minute,
 		})
 	}

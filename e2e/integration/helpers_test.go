@@ -187,7 +187,7 @@ type testAgent struct {
 func startAgent(t *testing.T, ctx context.Context, cp, node string, mem *memory.Kernel, stateDir string) *testAgent {
 	t.Helper()
 	k := mem.Kernel()
-	ta := startAgentCfg(t, ctx, agent.Config{ControlPlane: cp, NodeName: node, Kernel: &k, StateDir: stateDir})
+	ta := startAgentCfg(t, ctx, agent.Config{ControlPlane: []string{cp}, NodeName: node, Kernel: &k, StateDir: stateDir})
 	ta.mem = mem
 	return ta
 }

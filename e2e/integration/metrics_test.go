@@ -252,7 +252,7 @@ func startAgentWithMetrics(t *testing.T, ctx context.Context, cp, node string) (
 	ln := listen(t)
 	actx, cancel := context.WithCancel(ctx)
 	a, err := agent.New(actx, agent.Config{
-		ControlPlane:    cp,
+		ControlPlane:    []string{cp},
 		NodeName:        node,
 		Kernel:          &k,
 		Reconcile:       reconcile.Config{Period: time.Hour},

@@ -80,7 +80,7 @@ func TestSchedulerRollouts(t *testing.T) {
 			noLC[n] = true
 		}
 		kernels[n] = k
-		agents = append(agents, startAgentCfg(t, ctx, agent.Config{ControlPlane: strings.Join(addrs, ","), NodeName: n, Kernel: ptr(k.Kernel())}))
+		agents = append(agents, startAgentCfg(t, ctx, agent.Config{ControlPlane: addrs, NodeName: n, Kernel: ptr(k.Kernel())}))
 	}
 	t.Cleanup(func() {
 		for _, a := range agents {

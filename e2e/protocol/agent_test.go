@@ -39,7 +39,7 @@ func TestAgentHoldsMassRemovalAndReportsIt(t *testing.T) {
 	mem := memory.New()
 	k := mem.Kernel()
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := agent.New(ctx, agent.Config{ControlPlane: c1.addr, NodeName: "n1", Kernel: &k,
+	a, err := agent.New(ctx, agent.Config{ControlPlane: []string{c1.addr}, NodeName: "n1", Kernel: &k,
 		Reconcile: reconcile.Config{Period: time.Hour}, BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
 		RemovalConfirmation: 4 * time.Second, Logger: zaptest.NewLogger(t)})
 	if err != nil {

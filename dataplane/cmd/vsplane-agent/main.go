@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -64,9 +63,8 @@ func run() error {
 	case agentconfig.IPv6True:
 		families = append(families, kernel.FamilyIPv6)
 	}
-	controlPlane := strings.Join(c.ControlPlane, ",")
 	cfg := agent.Config{
-		ControlPlane: controlPlane,
+		ControlPlane: c.ControlPlane,
 		NodeName:     cl.NodeName,
 		Reconcile: reconcile.Config{Period: c.ReconcilePeriod.Duration, Families: families,
 			DrainCheckInterval: c.DrainCheckInterval.Duration, MaxDrain: c.MaxDrain.Duration},
@@ -111,6 +109,6 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	log.Info("agent starting", zap.String("node", cl.NodeName), zap.String("controlplane", controlPlane), zap.String("version", agent.Version))
+	log.Info("agent starting", zap.String("node", cl.NodeName), zap.Strings("controlplane", c.ControlPlane), zap.String("version", agent.Version))
 	return a.Run(ctx)
 }
