@@ -1,7 +1,10 @@
 // Package agent wires the node agent: a kernel (real Linux or in-memory), the
 // reconciler that makes it match the desired state, and the stream client that
-// receives that state from the control plane. cmd/vsplane-agent only parses
-// flags; tests run the same wiring in-process.
+// receives that state from the control plane. It is the agent's one
+// composition root: FromCommandLine turns vsplane-agent's parsed command line
+// (agentconfig.ParseCommandLine) into a Config and New builds the agent from
+// it; cmd/vsplane-agent only parses and runs. Tests run the same wiring
+// in-process.
 package agent
 
 import (
