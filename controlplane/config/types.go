@@ -13,7 +13,9 @@
 //
 // Precedence: a flag given on the command line > the file > the defaults
 // (Defaults). Decode, Validate, Bind/Overlay and Reloader are the pieces;
-// Source ties them together for the binary.
+// Source ties them together, and ParseCommandLine is the binary's whole
+// command line: those flags, the file, and the flags-only settings
+// (CommandLine: TLS files, tokens, ServiceAccounts, peers, rollouts).
 package config
 
 import (
