@@ -1,7 +1,12 @@
 // Package app wires one control-plane replica: watch (one informer per kind)
 // → engine (model + translator) → snapshot store → agent streams and the
 // inspection service on one gRPC server, plus a Prometheus endpoint.
-// cmd/vsplane-controlplane only parses flags; tests run the same wiring.
+// It is the control plane's one composition root: FromCommandLine turns
+// vsplane-controlplane's parsed command line (config.ParseCommandLine) into
+// a Config, and New builds the replica's API clients (from a rest.Config),
+// TLS, agent authentication and peer credentials from it (clients.go);
+// cmd/vsplane-controlplane only parses and runs. Tests run the same wiring
+// with clients of their own.
 package app
 
 import (
@@ -26,6 +31,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/vsplane/vsplane/controlplane/config"
 	"github.com/vsplane/vsplane/controlplane/engine"
@@ -43,12 +49,24 @@ import (
 
 // Config configures a replica.
 type Config struct {
-	// Kube is the API server client.
+	// Kube is the API server client; nil: New builds it from REST.
 	Kube kubernetes.Interface
+	// REST is the API server's client configuration New builds the clients
+	// that are not given from (clients.go): Kube (protobuf; QPS KubeAPIQPS,
+	// burst twice that), Dynamic (JSON) when Rollouts, and with Security
+	// the reviews' client (QPS AuthAPIQPS). A QPS <= 0 keeps REST's.
+	REST                   *rest.Config
+	KubeAPIQPS, AuthAPIQPS float64
+	// Security, when set, has New load the serving certificate, authenticate
+	// agents and authorize inspection through the API server, and call
+	// peers over TLS with a token: each where TLS, AgentAuth, InspectAuth or
+	// PeerDialOptions is not given. Nil (with those nil) serves plaintext
+	// without authentication, which New allows only on a loopback listener.
+	Security *Security
 	// Rollouts enables SchedulerRollouts: the watch of vsplane.io/v1alpha1
-	// (the CRD must be installed) through Dynamic, and the leader-elected
-	// rollout controller (Lease RolloutLease, "namespace/name"; identity
-	// Advertise or the hostname).
+	// (the CRD must be installed) through Dynamic (nil: built from REST),
+	// and the leader-elected rollout controller (Lease RolloutLease,
+	// "namespace/name"; identity Advertise or the hostname).
 	Rollouts     bool
 	Dynamic      dynamic.Interface
 	RolloutLease string
@@ -131,8 +149,14 @@ type Replica struct {
 
 // New builds a replica; Run starts it.
 func New(cfg Config) (*Replica, error) {
-	if cfg.Kube == nil || cfg.GRPCListener == nil {
-		return nil, errors.New("controlplane: Kube client and GRPCListener are required")
+	if cfg.GRPCListener == nil {
+		return nil, errors.New("controlplane: GRPCListener is required")
+	}
+	if err := buildClients(&cfg); err != nil {
+		return nil, err
+	}
+	if cfg.Kube == nil {
+		return nil, errors.New("controlplane: a Kube client or REST is required")
 	}
 	if (cfg.TLS == nil || cfg.AgentAuth == nil || cfg.InspectAuth == nil) && !isLoopback(cfg.GRPCListener.Addr()) {
 		return nil, fmt.Errorf("controlplane: %s is not a loopback address: TLS, agent authentication and inspection authorization are required there", cfg.GRPCListener.Addr())
