@@ -27,9 +27,9 @@ import (
 // kustomize; no apiserver) and runs the binaries' own configuration code
 // on what each container would get: the ConfigMaps written out at their
 // mount paths, the args with $(VAR)s expanded from the container's env.
-// The control plane's --config file is decoded and validated with its
-// args' flags over it (config.Source); the agent's whole command line goes
-// through agentconfig.ParseCommandLine, which is what vsplane-agent runs.
+// Each binary's whole command line goes through its own parser
+// (config.ParseCommandLine, agentconfig.ParseCommandLine: the flags, the
+// --config file under them, validated), which is what its main runs.
 // So a typo in a shipped configuration file, or a flag that pins a setting
 // the file should hold, fails CI. Also: the probes use the metrics
 // address's port, and the control plane's file is mounted so that it can
@@ -219,33 +219,19 @@ func port(t *testing.T, addr string) int {
 func checkControlPlane(t *testing.T, r *rendered) {
 	spec := &r.controlPlane.Spec.Template.Spec
 	p := materialize(t, r, spec)
-	// The control plane's flags that a file can hold; its other flags
-	// (TLS files, peers, --debug, ...) are checked by the binary itself.
 	fs := flag.NewFlagSet("vsplane-controlplane", flag.ContinueOnError)
-	c := config.Defaults()
-	config.Bind(fs, &c)
-	var file string
-	for _, a := range p.localArgs() {
-		name, v, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		switch {
-		case name == "config":
-			file = v
-		case fs.Lookup(name) != nil:
-			if err := fs.Set(name, v); err != nil {
-				t.Errorf("control plane arg %q: %v", a, err)
-			}
-		}
+	cl, err := config.ParseCommandLine(fs, p.localArgs(), func(k string) string { return p.env[k] })
+	if err != nil {
+		t.Fatalf("control plane command line %q: %v", p.args, err)
 	}
+	file := cl.ConfigFile
 	if file == "" {
 		t.Fatalf("control plane args %q: no --config", p.args)
 	}
-	if pinned := config.Explicit(fs); len(pinned) > 0 {
-		t.Errorf("control plane args set %v, which config/vsplane.yaml holds: a flag overrides the file (and its live reload); set them in the file", pinned)
+	if len(cl.Overridden) > 0 {
+		t.Errorf("control plane args set %v, which config/vsplane.yaml holds: a flag overrides the file (and its live reload); set them in the file", cl.Overridden)
 	}
-	l, err := config.Source{Path: file, Flags: fs}.Load()
-	if err != nil {
-		t.Fatalf("control plane configuration: %v", err)
-	}
+	l := cl.Loaded
 	if len(l.Warnings) > 0 {
 		t.Errorf("control plane configuration warnings: %v", l.Warnings)
 	}
