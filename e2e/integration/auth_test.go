@@ -28,7 +28,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
@@ -75,10 +74,6 @@ func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := tlsfiles.NewServer(files.Cert, files.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The replica runs as its ServiceAccount with deploy/rbac.yaml's
 	// permissions only: if they lacked a read, a review or the rollout
 	// leader's Lease, it would never become ready or lead.
@@ -91,20 +86,15 @@ func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 	}
 	asCP := rest.AnonymousClientConfig(env.RESTConfig())
 	asCP.BearerToken = cpToken.Status.Token
-	cpKube, err := kubernetes.NewForConfig(asCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpDyn, err := dynamic.NewForConfig(asCP)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ln := listen(t)
 	addr := ln.Addr().String()
-	replica, _ := runReplica(t, ctx, app.Config{Kube: cpKube, GRPCListener: ln, TLS: srv.Config(),
-		AgentAuth:   auth.NewAgents(cpKube, sysNS+"/vsplane-agent").Node,
-		InspectAuth: auth.NewInspectors(cpKube).Authorize,
-		Rollouts:    true, Dynamic: cpDyn, RolloutLease: sysNS + "/vsplane-rollout-leader"})
+	// Built as vsplane-controlplane builds it (app.FromCommandLine): New
+	// makes the API clients from the rest.Config, and the TLS, the agents'
+	// TokenReview authentication and the inspection authorization from
+	// Security.
+	replica, _ := runReplica(t, ctx, app.Config{REST: asCP, KubeAPIQPS: 50, AuthAPIQPS: 50, GRPCListener: ln,
+		Security: &app.Security{CertFile: files.Cert, KeyFile: files.Key, AgentServiceAccounts: []string{sysNS + "/vsplane-agent"}},
+		Rollouts: true, RolloutLease: sysNS + "/vsplane-rollout-leader"})
 	awaitReady(t, replica, converge)
 	eventually(t, converge, func() string {
 		if !replica.Rollouts.Leading() {
