@@ -1,30 +1,19 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vsplane/vsplane/internal/maintest"
 )
 
-// runAsControlPlane makes the test binary run main() with the arguments
-// after "--" when this variable is set (see TestBadInputExits).
+// runAsControlPlane makes the test binary run main() (see internal/maintest).
 const runAsControlPlane = "VSPLANE_CONTROLPLANE_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(runAsControlPlane) == "1" {
-		for i, a := range os.Args {
-			if a == "--" {
-				os.Args = append([]string{"vsplane-controlplane"}, os.Args[i+1:]...)
-				break
-			}
-		}
-		main()
-		os.Exit(0)
-	}
+	maintest.Main(runAsControlPlane, "vsplane-controlplane", main)
 	os.Exit(m.Run())
 }
 
@@ -55,16 +44,10 @@ func TestBadInputExits(t *testing.T) {
 		{"bad flag", []string{"--min-sync-interval=soon"}, 2, `invalid value "soon" for flag -min-sync-interval`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, tc.args...)...)
-			cmd.Env = append(os.Environ(), runAsControlPlane+"=1")
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			err := cmd.Run()
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != tc.code {
-				t.Fatalf("exit: %v, want code %d; stderr:\n%s", err, tc.code, stderr.String())
+			code, out := maintest.Run(t, runAsControlPlane, tc.args)
+			if code != tc.code {
+				t.Fatalf("exit code %d, want %d; stderr:\n%s", code, tc.code, out)
 			}
-			out := stderr.String()
 			if !strings.Contains(out, tc.want) || strings.Contains(out, "panic: ") || strings.Contains(out, "[running]") {
 				t.Errorf("stderr %q, want it to contain %q (and no panic)", out, tc.want)
 			}
