@@ -26,7 +26,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +36,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/e2e/kubeenv"
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // Size is a benchmark size: Watchers (= Nodes), Services, and Endpoints per
@@ -146,7 +146,7 @@ func Run(t testing.TB, opts Options) *Report {
 		SliceUpdates: opts.SliceUpdates, ServiceUpdates: opts.ServiceUpdates,
 		Metrics: []string{metricWatchEvents, metricWatchSizes + "_sum/_count", metricDispatched,
 			metricRequests + `{verb="LIST"}`, metricResponseSizes + `_sum/_count{verb="LIST"}`, metricLongRunning + `{verb="WATCH"}`},
-		Host:  Host{CPUs: runtime.NumCPU(), LoadAvgBefore: loadavg(), GoVersion: runtime.Version()},
+		Host:  Host{CPUs: runtime.NumCPU(), LoadAvgBefore: measure.LoadAvg(), GoVersion: runtime.Version()},
 		Notes: append(slices.Clone(opts.Notes), methodNotes...),
 	}}
 	b.env = kubeenv.StartForTestWith(t, kubeenv.Options{Logger: b.log.Named("kubeenv")})
@@ -156,7 +156,7 @@ func Run(t testing.TB, opts Options) *Report {
 	} else {
 		b.rep.Notes = append(b.rep.Notes, "kube-apiserver CPU and memory not measured: "+err.Error())
 	}
-	root, err := repoRoot()
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func Run(t testing.TB, opts Options) *Report {
 		b.log.Info("scenario done", zap.String("name", sc.name),
 			zap.Float64("churnWatchEvents", res.Churn.Total.WatchEvents), zap.Float64("churnWatchBytes", res.Churn.Total.WatchBytes))
 	}
-	b.rep.Host.LoadAvgAfter = loadavg()
+	b.rep.Host.LoadAvgAfter = measure.LoadAvg()
 	b.rep.finish()
 	if opts.OutDir != "" {
 		if err := b.rep.write(opts.OutDir); err != nil {
@@ -404,17 +404,13 @@ func (b *bench) apiserverStats() (cpuSeconds float64, rssBytes int64) {
 // apiserverPID finds the env's kube-apiserver among this process's
 // children by its --cert-dir (which is under the env's own directory).
 func apiserverPID(env *kubeenv.Env) (int, error) {
-	ents, err := os.ReadDir("/proc")
+	pids, err := measure.PIDs()
 	if err != nil {
 		return 0, err
 	}
 	want := "--cert-dir=" + filepath.Join(env.Dir, "apiserver-certs")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if err != nil {
 			continue
 		}
@@ -426,64 +422,12 @@ func apiserverPID(env *kubeenv.Env) (int, error) {
 	return 0, fmt.Errorf("no kube-apiserver process with %s", want)
 }
 
-// procStats reads utime+stime (clock ticks, 100 a second on Linux) and
-// VmRSS of pid.
+// procStats is pid's CPU seconds (utime+stime) and VmRSS in bytes, each
+// zero if it cannot be read.
 func procStats(pid int) (float64, int64) {
-	var cpu float64
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		s := string(b)
-		if i := strings.LastIndexByte(s, ')'); i >= 0 {
-			f := strings.Fields(s[i+1:])
-			// After the command: state is field 3, utime 14, stime 15.
-			if len(f) > 12 {
-				u, _ := strconv.ParseFloat(f[11], 64)
-				st, _ := strconv.ParseFloat(f[12], 64)
-				cpu = (u + st) / 100
-			}
-		}
-	}
-	var rss int64
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				rss = kb << 10
-			}
-		}
-	}
-	return cpu, rss
-}
-
-// repoRoot is the directory of go.mod, found upwards from the working
-// directory.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("apicost: no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
-// loadavg is /proc/loadavg's first three fields.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
+	st, _ := measure.ReadStat(pid)
+	mem, _ := measure.ReadStatus(pid)
+	return st.CPUSeconds(), mem.RSSBytes()
 }
 
 func since(t time.Time) float64 { return time.Since(t).Seconds() }

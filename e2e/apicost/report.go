@@ -1,11 +1,10 @@
 package apicost
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // Report is what Run measured, written as apicost.json (and a Markdown
@@ -177,17 +176,7 @@ func mib(b float64) string { return fmt.Sprintf("%.2f MiB", b/(1<<20)) }
 
 // write stores apicost.json and apicost.md in dir.
 func (r *Report) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "apicost.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "apicost.md"), []byte(r.markdown()), 0o644)
+	return measure.WriteReport(dir, "apicost", r, r.markdown())
 }
 
 func (r *Report) markdown() string {

@@ -36,6 +36,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm"
 	"github.com/vsplane/vsplane/internal/tlsfiles"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -220,7 +221,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.setupSecurity(ctx); err != nil {
 		return nil, fmt.Errorf("TLS and tokens: %w", err)
 	}
-	root, err := vm.FindRepoRoot(".")
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		return nil, err
 	}

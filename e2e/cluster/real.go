@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/e2e/kubeenv"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/nodes"
 	"github.com/vsplane/vsplane/e2e/vm"
 	"github.com/vsplane/vsplane/internal/testpki"
@@ -152,7 +153,7 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 			c.Stop()
 		}
 	}()
-	if c.Root, err = vm.FindRepoRoot("."); err != nil {
+	if c.Root, err = measure.RepoRoot("."); err != nil {
 		return nil, err
 	}
 	bins, err := nodes.FindBinaries(c.Root)

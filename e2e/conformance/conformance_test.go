@@ -17,7 +17,7 @@ import (
 
 	"github.com/vsplane/vsplane/e2e/cluster"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
-	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // TestConformance runs the selection (Focus minus Skips) on a fresh
@@ -31,7 +31,7 @@ import (
 // last run's JUnit reports in _out/conformance), CONFORMANCE_PROCS (parallel Ginkgo
 // processes, default 3), CONFORMANCE_OUT (default bench/results).
 func TestConformance(t *testing.T) {
-	root, err := vm.FindRepoRoot(".")
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,10 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // ProxyRun is one proxy's run of the selection.
@@ -221,15 +222,5 @@ func CarriedRun(prev Report, focus, proxy string) (ProxyRun, bool) {
 
 // Write writes dir/NAME.json and dir/NAME.md.
 func (r Report) Write(dir, name string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	j, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(j, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, name+".md"), []byte(r.Markdown()), 0o644)
+	return measure.WriteReport(dir, name, r, r.Markdown())
 }

@@ -2,7 +2,6 @@ package fanout
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/internal/bearer"
 )
 
@@ -272,75 +272,31 @@ type procStat struct {
 	HWMBytes   int64 // VmHWM: peak RSS
 }
 
-// clockTicks is USER_HZ, 100 on every Linux architecture Go supports for
-// this test (the /proc/<pid>/stat unit).
-const clockTicks = 100
-
+// readProcStat reads pid's CPU time, then its memory; what it read before an
+// error is kept.
 func readProcStat(pid int) (procStat, error) {
 	var st procStat
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cpu, err := measure.ReadStat(pid)
 	if err != nil {
 		return st, err
 	}
-	// comm may contain spaces; fields after the closing parenthesis.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return st, errors.New("bad /proc stat")
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return st, errors.New("short /proc stat")
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	stt, _ := strconv.ParseInt(f[12], 10, 64)
-	st.CPUSeconds = float64(ut+stt) / clockTicks
-	sb, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st.CPUSeconds = cpu.CPUSeconds()
+	mem, err := measure.ReadStatus(pid)
 	if err != nil {
 		return st, err
 	}
-	for _, l := range strings.Split(string(sb), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		v = strings.TrimSuffix(strings.TrimSpace(v), " kB")
-		n, _ := strconv.ParseInt(v, 10, 64)
-		switch k {
-		case "VmRSS":
-			st.RSSBytes = n << 10
-		case "VmHWM":
-			st.HWMBytes = n << 10
-		}
-	}
+	st.RSSBytes, st.HWMBytes = mem.RSSBytes(), mem.HWMBytes()
 	return st, nil
 }
 
 // childByName returns the pid of this process's child called comm (etcd,
 // kube-apiserver: started by kubeenv), or 0.
 func childByName(comm string) int {
-	ents, _ := os.ReadDir("/proc")
+	pids, _ := measure.PIDs()
 	me := os.Getpid()
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || closing < open {
-			continue
-		}
-		f := strings.Fields(s[closing+1:])
-		if len(f) < 2 || s[open+1:closing] != comm {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(f[1]); ppid == me {
+	for _, pid := range pids {
+		st, err := measure.ReadStat(pid)
+		if err == nil && st.Comm == comm && st.PPID == me {
 			return pid
 		}
 	}
@@ -354,17 +310,4 @@ func selfCPU() float64 {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-// loadavg is /proc/loadavg's first three fields.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
 }

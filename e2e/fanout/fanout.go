@@ -37,7 +37,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vsplane/vsplane/e2e/kubeenv"
-	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/internal/testpki"
 	"github.com/vsplane/vsplane/internal/tlsfiles"
 	"github.com/vsplane/vsplane/internal/wire"
@@ -147,7 +147,7 @@ func Run(t testing.TB, o Options) *Report {
 	b := &bench{t: t, o: o, ctx: t.Context(), clk: newClock(),
 		log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
 		rep: &Report{Time: time.Now().UTC().Format(time.RFC3339), Size: o.Size,
-			Host: Host{CPUs: runtime.NumCPU(), LoadAvgBefore: loadavg(), GoVersion: runtime.Version()}}}
+			Host: Host{CPUs: runtime.NumCPU(), LoadAvgBefore: measure.LoadAvg(), GoVersion: runtime.Version()}}}
 	b.rep.Transport = "TLS with the test CA (internal/testpki, internal/tlsfiles), every agent authenticating with " +
 		"a projected ServiceAccount token bound to a Pod on its node (TokenReview by the control plane), as in e2e/integration's auth test and e2e/cluster"
 	b.rep.BytesMethod = "wire = bytes read by the agents' TCP sockets (a counting net.Conn under gRPC: Deltas with gRPC, " +
@@ -178,7 +178,7 @@ func (b *bench) problem(format string, args ...any) {
 func (b *bench) setup() {
 	t, ctx := b.t, b.ctx
 	var err error
-	if b.root, err = vm.FindRepoRoot("."); err != nil {
+	if b.root, err = measure.RepoRoot("."); err != nil {
 		b.fatalf("%v", err)
 	}
 	b.dir = t.TempDir()
@@ -617,7 +617,7 @@ func (b *bench) finish() {
 	}
 	cp := &b.rep.ControlPlane
 	cp.CPUSecondsTotal, cp.PeakRSSBytes, cp.RSSBytesAtEnd = st.CPUSeconds, st.HWMBytes, st.RSSBytes
-	b.rep.Host.LoadAvgAfter = loadavg()
+	b.rep.Host.LoadAvgAfter = measure.LoadAvg()
 	if self, err := readProcStat(os.Getpid()); err == nil {
 		b.rep.Host.TestProcessPeakRSSBytes = self.HWMBytes
 	}

@@ -1,13 +1,12 @@
 package fanout
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // Report is what Run measured; it is written as JSON (and a Markdown
@@ -275,17 +274,7 @@ func secs(ns int64) float64 { return float64(ns) / 1e9 }
 
 // write writes rep to dir/name.json and dir/name.md.
 func (rep *Report) write(dir, name string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, name+".md"), []byte(rep.Markdown()), 0o644)
+	return measure.WriteReport(dir, name, rep, rep.Markdown())
 }
 
 // Headlines are the goal lines, one per goal, for logs.

@@ -17,7 +17,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // The images are built once per test binary (about 15 s with a warm Go
@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	root, err := vm.FindRepoRoot(".")
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,8 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/client-go/rest"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // EnvBinDir names the environment variable that points at a directory
@@ -625,7 +627,7 @@ func FindBinDir(explicit string) (string, error) {
 				return m, nil
 			}
 		}
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil && isRepoRoot(d) {
+		if measure.IsRepoRoot(d) {
 			break
 		}
 		if filepath.Dir(d) == d {
@@ -634,11 +636,4 @@ func FindBinDir(explicit string) (string, error) {
 	}
 	return "", fmt.Errorf("kubeenv: kube-apiserver/etcd not found (searched %s); %s",
 		strings.Join(searched, ", "), hint)
-}
-
-// isRepoRoot reports whether dir holds the vsplane root go.mod (the walk stops
-// there rather than wandering into unrelated parents).
-func isRepoRoot(dir string) bool {
-	b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-	return err == nil && bytes.HasPrefix(bytes.TrimSpace(b), []byte("module github.com/vsplane/vsplane\n"))
 }

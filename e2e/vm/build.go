@@ -1,7 +1,6 @@
 package vm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,30 +9,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // ErrDepsMissing is wrapped by Boot's error when the host lacks QEMU, socat or
 // the unpacked kernel; scripts/vm/deps.sh installs them.
 var ErrDepsMissing = errors.New("VM test bed dependencies missing: run scripts/vm/deps.sh")
-
-const modulePath = "module github.com/vsplane/vsplane"
-
-// FindRepoRoot walks up from dir to the vsplane module root (its go.mod).
-func FindRepoRoot(dir string) (string, error) {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return "", err
-	}
-	for d := dir; ; d = filepath.Dir(d) {
-		data, err := os.ReadFile(filepath.Join(d, "go.mod"))
-		if err == nil && bytes.Contains(data, []byte(modulePath+"\n")) {
-			return d, nil
-		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("no vsplane go.mod above %s", dir)
-		}
-	}
-}
 
 // kernelImage returns the uncompressed vmlinux unpacked by deps.sh.
 func kernelImage(cacheDir string) (string, error) {
@@ -109,7 +91,7 @@ func BuildStatic(ctx context.Context, dir string, pkgs ...string) ([]string, err
 	if err != nil {
 		return nil, err
 	}
-	root, err := FindRepoRoot(wd)
+	root, err := measure.RepoRoot(wd)
 	if err != nil {
 		return nil, err
 	}

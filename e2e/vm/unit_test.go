@@ -63,23 +63,6 @@ func TestShellQuote(t *testing.T) {
 	}
 }
 
-func TestFindRepoRoot(t *testing.T) {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := FindRepoRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(root, "scripts", "vm", "build-initramfs.sh")); err != nil {
-		t.Errorf("root %s has no scripts/vm: %v", root, err)
-	}
-	if _, err := FindRepoRoot(t.TempDir()); err == nil {
-		t.Error("found a repo root above a temp dir")
-	}
-}
-
 // TestOptionsRejectBadDisksAndForwards: a missing disk, a directory as a
 // disk, a comma in its path, and out-of-range or vmexec's hostfwd ports are
 // errors before anything boots.

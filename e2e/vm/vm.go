@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // Fixed addresses of the VM's user network (see DESIGN.md's address plan).
@@ -128,7 +130,7 @@ func (o *Options) defaults() error {
 		if err != nil {
 			return err
 		}
-		if o.RepoRoot, err = FindRepoRoot(wd); err != nil {
+		if o.RepoRoot, err = measure.RepoRoot(wd); err != nil {
 			return err
 		}
 	}

@@ -4,11 +4,9 @@ package vmbench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,6 +23,7 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
@@ -53,7 +52,7 @@ func TestVMBenchEndToEnd(t *testing.T) {
 	const svcName = "service/default/web"
 	acks := make(chan stream.AckEvent, 1024)
 	c := startBenchCluster(t, ctx, acks)
-	rep := EndToEnd{Time: time.Now().UTC().Format(time.RFC3339), LoadAvg: loadavg()}
+	rep := EndToEnd{Time: time.Now().UTC().Format(time.RFC3339), LoadAvg: measure.LoadAvgLine()}
 
 	ports := []cluster.Port{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}
 	if _, err := c.CreateService(ctx, "default", "web", ports, nil); err != nil {
@@ -159,19 +158,11 @@ func startBenchCluster(t *testing.T, ctx context.Context, acks chan<- stream.Ack
 // writeJSON stores v as _out/vmbench/name.
 func writeJSON(t *testing.T, name string, v any) {
 	t.Helper()
-	root, err := vm.FindRepoRoot(".")
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "_out", "vmbench")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name), append(js, '\n'), 0o644); err != nil {
+	if err := measure.WriteJSON(filepath.Join(root, "_out", "vmbench"), name, v); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -209,7 +200,7 @@ func TestVMBenchBurstEndToEnd(t *testing.T) {
 	defer cancel()
 	acks := make(chan stream.AckEvent, 1<<16)
 	c := startBenchCluster(t, ctx, acks)
-	rep := Burst{Time: time.Now().UTC().Format(time.RFC3339), LoadAvg: loadavg(), Services: n, Endpoints: e}
+	rep := Burst{Time: time.Now().UTC().Format(time.RFC3339), LoadAvg: measure.LoadAvgLine(), Services: n, Endpoints: e}
 	if err := c.AwaitAcked(ctx, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm"
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 )
@@ -454,14 +455,11 @@ func awaitAck(t *testing.T, ctx context.Context, acks <-chan stream.AckEvent, re
 // writeKubeProxyReport stores bench/results/kubeproxy.{json,md} at the
 // repository root.
 func writeKubeProxyReport(rep KubeProxyReport) error {
-	root, err := vm.FindRepoRoot(".")
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		return err
 	}
 	dir := filepath.Join(root, "bench", "results")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	path := filepath.Join(dir, "kubeproxy.json")
 	var old KubeProxyReport
 	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &old) == nil &&
@@ -473,14 +471,7 @@ func writeKubeProxyReport(rep KubeProxyReport) error {
 		}
 	}
 	slices.SortFunc(rep.Runs, func(a, b KubeProxyRun) int { return a.Services - b.Services })
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "kubeproxy.md"), []byte(kubeProxyMarkdown(rep)), 0o644)
+	return measure.WriteReport(dir, "kubeproxy", rep, kubeProxyMarkdown(rep))
 }
 
 func kubeProxyMarkdown(rep KubeProxyReport) string {

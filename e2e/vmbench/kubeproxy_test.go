@@ -25,6 +25,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/stream"
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm"
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -116,7 +117,7 @@ func TestVMBenchKubeProxy(t *testing.T) {
 // runKubeProxyBench runs one size in a fresh cluster.
 func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualStack bool) KubeProxyRun {
 	r := KubeProxyRun{Time: time.Now().UTC().Format(time.RFC3339), Services: n, Ports: len(kpPorts), Endpoints: kpEndpoints, VirtualServers: n * len(kpPorts),
-		RealServers: n * len(kpPorts) * kpEndpoints, LoadAvg: loadavg(), KubeProxy: Side{Node: kpNode}, Vsplane: Side{Node: vsNode}}
+		RealServers: n * len(kpPorts) * kpEndpoints, LoadAvg: measure.LoadAvgLine(), KubeProxy: Side{Node: kpNode}, Vsplane: Side{Node: vsNode}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +176,7 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 		t.Fatal(err)
 	}
 	r.CreateSeconds = time.Since(start).Seconds()
-	t.Logf("N=%d: %d Services and EndpointSlices created in %.1f s (load %s)", n, n, r.CreateSeconds, loadavg())
+	t.Logf("N=%d: %d Services and EndpointSlices created in %.1f s (load %s)", n, n, r.CreateSeconds, measure.LoadAvgLine())
 
 	interval := 100 * time.Millisecond
 	if n > 1000 {
@@ -275,7 +276,7 @@ drain:
 		s.ChangesCPUSeconds = (p.CPUSeconds() + p.ChildCPUSeconds()) - (coldProcs[i].CPUSeconds() + coldProcs[i].ChildCPUSeconds())
 	}
 	r.Ratios = ratios(r)
-	r.LoadAvgAfter = loadavg()
+	r.LoadAvgAfter = measure.LoadAvgLine()
 	return r
 }
 

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
@@ -91,7 +92,7 @@ func TestVMBench(t *testing.T) {
 	}
 	defer cancel()
 
-	rep := Report{Time: time.Now().UTC().Format(time.RFC3339), LoadAvgBefore: loadavg()}
+	rep := Report{Time: time.Now().UTC().Format(time.RFC3339), LoadAvgBefore: measure.LoadAvgLine()}
 	v, err := vm.Boot(ctx, vm.Options{
 		GoPackages:  []string{"./e2e/cmd/vmbench"},
 		MemoryMB:    2048,
@@ -163,7 +164,7 @@ func TestVMBench(t *testing.T) {
 		"change_median_batched_over_single":  batched.ChangeMedianMS / one.ChangeMedianMS,
 	}
 	t.Logf("burst ratios: %v", rep.BurstRatios)
-	rep.LoadAvgAfter = loadavg()
+	rep.LoadAvgAfter = measure.LoadAvgLine()
 	if len(rep.Runs) >= 2 {
 		lo, hi := rep.Runs[0], rep.Runs[len(rep.Runs)-1]
 		rep.Ratios = map[string]float64{
@@ -182,36 +183,13 @@ func TestVMBench(t *testing.T) {
 	}
 }
 
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown: " + err.Error()
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // write stores results.json and results.md in RepoRoot/_out/vmbench.
 func write(rep Report) error {
-	wd, err := os.Getwd()
+	root, err := measure.RepoRoot(".")
 	if err != nil {
 		return err
 	}
-	root, err := vm.FindRepoRoot(wd)
-	if err != nil {
-		return err
-	}
-	dir := filepath.Join(root, "_out", "vmbench")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(markdown(rep)), 0o644)
+	return measure.WriteReport(filepath.Join(root, "_out", "vmbench"), "results", rep, markdown(rep))
 }
 
 func markdown(rep Report) string {

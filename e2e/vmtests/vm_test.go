@@ -25,7 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/vsplane/vsplane/e2e/cluster"
-	"github.com/vsplane/vsplane/e2e/vm"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 )
 
@@ -272,7 +272,7 @@ func buildTestBinary(t *testing.T, ctx context.Context, pkg, name string) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := vm.FindRepoRoot(wd)
+	root, err := measure.RepoRoot(wd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
@@ -64,7 +65,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	root, err := vm.FindRepoRoot(wd)
+	root, err := measure.RepoRoot(wd)
 	if err != nil {
 		return err
 	}

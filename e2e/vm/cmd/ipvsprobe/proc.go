@@ -17,11 +17,9 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 )
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's times (100 on x86 Linux).
-const clockTicks = 100
 
 // procStats reports every process whose comm equals m[0] and whose command
 // line contains each of m[1:], for some m in match.
@@ -70,47 +68,23 @@ func matches(comm, cmdline string, match [][]string) bool {
 	return false
 }
 
+// procStat reads the process of /proc/PID dir.
 func procStat(dir string) (wire.ProcStat, error) {
-	ps := wire.ProcStat{ClockTicks: clockTicks}
+	ps := wire.ProcStat{ClockTicks: measure.ClockTicks}
 	var err error
 	if ps.PID, err = strconv.Atoi(filepath.Base(dir)); err != nil {
 		return ps, err
 	}
-	status, err := os.ReadFile(dir + "/status")
+	mem, err := measure.ReadStatus(ps.PID)
 	if err != nil {
 		return ps, err
 	}
-	for _, l := range strings.Split(string(status), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmHWM:":
-			ps.VmHWMKB = v
-		case "VmRSS:":
-			ps.VmRSSKB = v
-		case "Threads:":
-			ps.Threads = int(v)
-		}
-	}
-	stat, err := os.ReadFile(dir + "/stat")
+	ps.VmHWMKB, ps.VmRSSKB, ps.Threads = mem.VmHWMKB, mem.VmRSSKB, mem.Threads
+	st, err := measure.ReadStat(ps.PID)
 	if err != nil {
 		return ps, err
 	}
-	// Fields after the parenthesised comm: state is field 3, utime 14,
-	// stime 15, cutime 16, cstime 17.
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return ps, fmt.Errorf("bad %s/stat", dir)
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 15 {
-		return ps, fmt.Errorf("short %s/stat", dir)
-	}
-	num := func(k int) uint64 { v, _ := strconv.ParseUint(f[k-3], 10, 64); return v }
-	ps.UTime, ps.STime, ps.CUTime, ps.CSTime = num(14), num(15), num(16), num(17)
+	ps.UTime, ps.STime, ps.CUTime, ps.CSTime = st.UTime, st.STime, st.CUTime, st.CSTime
 	return ps, nil
 }
 
