@@ -2,7 +2,6 @@ package images
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -66,7 +65,7 @@ func TestAgentImageInVM(t *testing.T) {
 		`mount -o bind /run $R/run && mount -o bind /lib/modules $R/usr/lib/modules && `+
 		`exec env -i %s chroot $R %s "$@"' vsplane-agent`,
 		guestImage, strings.Join(cfg.Env, " "), cfg.Entrypoint[0])
-	c, err := cluster.Start(ctx, cluster.Options{
+	c := cluster.StartForTest(t, ctx, cluster.Options{
 		Nodes:     2,
 		Pods:      [][]string{{"pod-a"}, {"pod-b"}},
 		Trees:     []vm.Tree{{Host: rootfs, Guest: guestImage}},
@@ -74,27 +73,6 @@ func TestAgentImageInVM(t *testing.T) {
 		AgentArgs: "--debug",
 		NoAgent:   []string{"node2"},
 		Log:       zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)),
-	})
-	if err != nil {
-		if errors.Is(err, vm.ErrDepsMissing) {
-			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
-		}
-		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			for _, n := range c.Nodes {
-				if log, err := c.AgentLog(lctx, n.Name); err == nil {
-					t.Logf("agent %s log tail:\n%s", n.Name, tail(log, 40))
-				}
-			}
-			lcancel()
-			t.Logf("console tail:\n%s", c.VM.ConsoleTail(30))
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
 	})
 	t.Logf("cluster up in %v (VM build %v, boot %v); node1's agent runs from the image",
 		time.Since(start).Round(time.Millisecond), c.VM.BuildTime.Round(time.Millisecond), c.VM.BootTime.Round(time.Millisecond))

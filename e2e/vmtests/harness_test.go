@@ -2,12 +2,10 @@ package vmtests
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/vsplane/vsplane/e2e/cluster"
-	"github.com/vsplane/vsplane/e2e/vm"
 )
 
 // vmRun is one VM test's time budget and phase clock.
@@ -42,33 +40,6 @@ func (r *vmRun) phase(what string) {
 // install; at the end it stops the cluster, first logging the agents' logs,
 // IPVS tables, console and apiserver tails if the test failed.
 func (r *vmRun) startCluster(opts cluster.Options) *cluster.Cluster {
-	t := r.t
-	t.Helper()
-	c, err := cluster.Start(r.ctx, opts)
-	if err != nil {
-		if errors.Is(err, vm.ErrDepsMissing) {
-			t.Fatalf("the VM test bed cannot run here (run bash scripts/vm/deps.sh): %v", err)
-		}
-		t.Fatalf("cluster start (needs bash scripts/kube/build.sh and bash scripts/vm/deps.sh): %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			for _, n := range c.Nodes {
-				if l, err := c.AgentLog(lctx, n.Name); err == nil {
-					t.Logf("agent %s log tail:\n%s", n.Name, tail(l, 40))
-				}
-				if out, err := c.IPVS(lctx, n.Name); err == nil {
-					t.Logf("%s ipvsadm -Ln:\n%s", n.Name, out)
-				}
-			}
-			lcancel()
-			t.Logf("console tail:\n%s", c.VM.ConsoleTail(40))
-			t.Logf("apiserver/etcd log tail:\n%s", c.Env.LogTail(20))
-		}
-		if err := c.Stop(); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	})
-	return c
+	r.t.Helper()
+	return cluster.StartForTest(r.t, r.ctx, opts)
 }
