@@ -7,6 +7,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // Addresses on kube-ipvs0 (the dummy device) and their KUBE-IPVS-IPS
@@ -125,17 +126,17 @@ func (p *pass) syncAddr(addr netip.Addr, touchers []string) {
 	switch {
 	case want && !known.bound[addr]:
 		if known.dummyGone {
-			p.count(OpCreateDummy)
+			p.count(wire.OpCreateDummy)
 			if _, err := p.k.Links.EnsureDummy(kernel.DummyDevice); err != nil {
 				p.fail(names, "create "+kernel.DummyDevice, err)
 				return
 			}
 			known.dummyGone = false
 		}
-		p.count(OpBind)
+		p.count(wire.OpBind)
 		p.queueAddr(kernel.AddressOp{Kind: kernel.BindAddress, Addr: addr}, p.bindDone(addr, names, entry, true))
 	case !want && known.bound[addr] && !p.excluded(addr):
-		p.count(OpUnbind)
+		p.count(wire.OpUnbind)
 		p.queueAddr(kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: addr}, func(err error) {
 			if err != nil {
 				p.fail(names, fmt.Sprintf("unbind %v from %s", addr, kernel.DummyDevice), err)
@@ -158,7 +159,7 @@ func (p *pass) bindDone(addr netip.Addr, names []string, then func(), retry bool
 	return func(err error) {
 		if retry && errors.Is(err, kernel.ErrNotFound) {
 			if !p.dummyMade {
-				p.count(OpCreateDummy)
+				p.count(wire.OpCreateDummy)
 				if _, err = p.k.Links.EnsureDummy(kernel.DummyDevice); err == nil {
 					p.dummyMade = true
 				}

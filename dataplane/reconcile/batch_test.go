@@ -12,6 +12,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -94,7 +95,7 @@ func TestIPVSWritesAreBatched(t *testing.T) {
 			t.Fatalf("op %d: unexpected %v", i, op.Kind)
 		}
 	}
-	if n := ack.GetKernelOperations()[OpAddDestination]; n != 200 {
+	if n := ack.GetKernelOperations()[wire.OpAddDestination]; n != 200 {
 		t.Errorf("Ack counts %d destination adds, want 200", n)
 	}
 	st := readState(t, mk)

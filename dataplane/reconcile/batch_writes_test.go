@@ -12,6 +12,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -145,8 +146,8 @@ func TestEntriesAndAddressesAreBatched(t *testing.T) {
 	if d := cmp.Diff(map[string]int{"KUBE-CLUSTER-IP": 100, "KUBE-IPVS-IPS": 100}, perSet); d != "" {
 		t.Errorf("entries per set (-want +got):\n%s", d)
 	}
-	if got := ack.GetKernelOperations(); got[OpBind] != 100 || got[OpAddEntry] != 200 {
-		t.Errorf("Ack counts %d binds and %d entry adds, want 100 and 200 (ops %v)", got[OpBind], got[OpAddEntry], got)
+	if got := ack.GetKernelOperations(); got[wire.OpBind] != 100 || got[wire.OpAddEntry] != 200 {
+		t.Errorf("Ack counts %d binds and %d entry adds, want 100 and 200 (ops %v)", got[wire.OpBind], got[wire.OpAddEntry], got)
 	}
 	st := readState(t, mk)
 	if len(st.Bound) != 101 || len(st.Sets["KUBE-IPVS-IPS"]) != 101 || len(st.Sets["KUBE-CLUSTER-IP"]) != 101 {
@@ -239,7 +240,7 @@ func TestBatchedBindsRecreateDeletedDummyOnce(t *testing.T) {
 	}
 	ack := r.Apply(context.Background(), &vsplanev1.Delta{Nonce: "burst", Resources: burstServices(10)})
 	mustAck(t, ack)
-	if got := ack.GetKernelOperations(); got[OpCreateDummy] != 1 || got[OpBind] != 10 {
+	if got := ack.GetKernelOperations(); got[wire.OpCreateDummy] != 1 || got[wire.OpBind] != 10 {
 		t.Errorf("ops %v: want dummy_create 1 and 10 binds", got)
 	}
 	if len(links.batches) != 2 || len(links.batches[0]) != 10 || len(links.batches[1]) != 10 {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -106,7 +107,7 @@ func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destinati
 		}
 	default:
 		if d.Weight != 0 {
-			p.count(OpUpdateDestination)
+			p.count(wire.OpUpdateDestination)
 			d.Weight = 0
 			if err := p.k.IPVS.UpdateDestination(key, d); err != nil {
 				p.fail(names, fmt.Sprintf("ipvs drain destination %v -> %v (weight 0)", key, dk), err)
@@ -125,9 +126,9 @@ func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destinati
 // deleteDestination deletes a real server and forgets its drain. drain
 // marks the delete as the end of a drain, not new work (see countDrain).
 func (p *pass) deleteDestination(key kernel.VirtualServerKey, dk kernel.DestinationKey, names []string, drain bool) bool {
-	p.count(OpDeleteDestination)
+	p.count(wire.OpDeleteDestination)
 	if drain {
-		p.countDrain(OpDeleteDestination)
+		p.countDrain(wire.OpDeleteDestination)
 	}
 	if err := p.k.IPVS.DeleteDestination(key, dk); err != nil && !errors.Is(err, kernel.ErrNotFound) {
 		p.fail(names, fmt.Sprintf("ipvs delete destination %v -> %v", key, dk), err)

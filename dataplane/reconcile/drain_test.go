@@ -12,6 +12,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -76,7 +77,7 @@ func startDrain(t *testing.T, mk *memory.Kernel, r *Reconciler) {
 	mk.ResetCalls()
 	ack := apply(t, r, delta("drain", svcA1.resource()))
 	mustAck(t, ack)
-	if d := cmp.Diff(map[string]uint32{OpUpdateDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
+	if d := cmp.Diff(map[string]uint32{wire.OpUpdateDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
 		t.Fatalf("kernel_operations (-want +got):\n%s", d)
 	}
 	if d := cmp.Diff(map[string]int{"ipvs.UpdateDestination": 1}, writes(mk)); d != "" {
@@ -151,7 +152,7 @@ func TestDrainKeepsTCPRealServerWhileConnected(t *testing.T) {
 	if len(r.Draining()) != 0 || s.Draining != 0 || s.DrainsCompleted != 1 || s.DrainsTimedOut != 0 {
 		t.Fatalf("after the drain: draining %v, stats %+v", r.Draining(), s)
 	}
-	if d := cmp.Diff(map[string]uint64{OpDeleteDestination: 1}, s.DrainOps); d != "" {
+	if d := cmp.Diff(map[string]uint64{wire.OpDeleteDestination: 1}, s.DrainOps); d != "" {
 		t.Fatalf("DrainOps (-want +got):\n%s", d)
 	}
 	if !r.drains.next.IsZero() || r.drainDue() {
@@ -211,7 +212,7 @@ func TestUDPRealServerDeletedAtOnce(t *testing.T) {
 	gone.backends = []backend{be("198.19.1.6", 5353)}
 	ack := apply(t, r, delta("udp", gone.resource()))
 	mustAck(t, ack)
-	if d := cmp.Diff(map[string]uint32{OpAddDestination: 1, OpDeleteDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
+	if d := cmp.Diff(map[string]uint32{wire.OpAddDestination: 1, wire.OpDeleteDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
 		t.Fatalf("kernel_operations (-want +got):\n%s", d)
 	}
 	if d := cmp.Diff([]string{"198.19.1.6:5353 w1"}, destsOf(t, mk, vsB)); d != "" {
@@ -245,7 +246,7 @@ func TestEndpointReturnsWhileDraining(t *testing.T) {
 	startDrain(t, mk, r)
 	ack := apply(t, r, delta("back", svcA.resource()))
 	mustAck(t, ack)
-	if d := cmp.Diff(map[string]uint32{OpUpdateDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
+	if d := cmp.Diff(map[string]uint32{wire.OpUpdateDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
 		t.Fatalf("kernel_operations (-want +got):\n%s", d)
 	}
 	if d := cmp.Diff(map[string]int{"ipvs.UpdateDestination": 1}, writes(mk)); d != "" {
@@ -374,8 +375,8 @@ func TestFullReconcileLeavesDrainsAlone(t *testing.T) {
 		t.Fatalf("writes (-want +got):\n%s", d)
 	}
 	s := r.Stats()
-	if s.DrainsCompleted != 1 || s.DriftRepaired != 1 || s.RepairsByKind[OpDeleteDestination] != 0 ||
-		s.DrainOps[OpDeleteDestination] != 1 {
+	if s.DrainsCompleted != 1 || s.DriftRepaired != 1 || s.RepairsByKind[wire.OpDeleteDestination] != 0 ||
+		s.DrainOps[wire.OpDeleteDestination] != 1 {
 		t.Fatalf("stats %+v", s)
 	}
 }
@@ -387,7 +388,7 @@ func TestServiceRemovalEndsDrain(t *testing.T) {
 	startDrain(t, mk, r)
 	ack := apply(t, r, &vsplanev1.Delta{Nonce: "rm", Removed: []string{"service/default/a"}})
 	mustAck(t, ack)
-	if got := ops(ack.GetKernelOperations())[OpDeleteService]; got != 1 {
+	if got := ops(ack.GetKernelOperations())[wire.OpDeleteService]; got != 1 {
 		t.Fatalf("kernel_operations %v, want one virtual server deleted", ack.GetKernelOperations())
 	}
 	if n := len(r.Draining()); n != 0 || !r.drains.next.IsZero() {

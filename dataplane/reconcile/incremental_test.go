@@ -12,6 +12,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -224,7 +225,7 @@ func TestIncrementalRecreatesDeletedDummy(t *testing.T) {
 	if n := c.counts(); len(n) != 0 {
 		t.Fatalf("incremental apply listed %v", n)
 	}
-	if got := ack.GetKernelOperations()[OpCreateDummy]; got != 1 {
+	if got := ack.GetKernelOperations()[wire.OpCreateDummy]; got != 1 {
 		t.Errorf("dummy_create = %d, want 1 (ops %v)", got, ack.GetKernelOperations())
 	}
 	if d := cmp.Diff([]string{"198.18.0.12"}, readState(t, mk).Bound); d != "" {

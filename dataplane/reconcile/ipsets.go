@@ -6,6 +6,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // ipsets and their entries. The managed sets (kube-proxy's, per family;
@@ -62,7 +63,7 @@ func (p *pass) ensureSets() {
 			p.fail(p.setUsers(ref), "ipset "+spec.Name, fmt.Errorf("exists as %s %v maxelem %d, want %s %v: %w",
 				cur.Type, cur.Family, cur.MaxElem, spec.Type, spec.Family, kernel.ErrExist))
 		default:
-			p.count(OpCreateSet)
+			p.count(wire.OpCreateSet)
 			if err := p.k.IPSets.CreateSet(spec); err != nil {
 				p.fail(p.setUsers(ref), "create ipset "+spec.Name, err)
 				continue
@@ -172,7 +173,7 @@ func (p *pass) syncEntry(ek entryKey, touchers []string) {
 	spec := ek.set.spec()
 	switch {
 	case want && !have[ek.entry]:
-		p.count(OpAddEntry)
+		p.count(wire.OpAddEntry)
 		p.queueEntry(kernel.EntryOp{Kind: kernel.AddEntry, Set: spec, Entry: ek.entry}, func(err error) {
 			if err != nil {
 				p.fail(names, "ipset add "+ek.String(), err)
@@ -181,7 +182,7 @@ func (p *pass) syncEntry(ek entryKey, touchers []string) {
 			have[ek.entry] = true
 		})
 	case !want && have[ek.entry]:
-		p.count(OpDelEntry)
+		p.count(wire.OpDelEntry)
 		p.queueEntry(kernel.EntryOp{Kind: kernel.DelEntry, Set: spec, Entry: ek.entry}, func(err error) {
 			if err != nil {
 				p.fail(names, "ipset del "+ek.String(), err)

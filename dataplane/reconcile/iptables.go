@@ -7,6 +7,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -115,7 +116,7 @@ func (p *pass) syncIPTables(verify bool, names []string) {
 				p.fail(names, fmt.Sprintf("iptables payload (%v) refused", fam), err)
 				continue
 			}
-			p.count(OpRestore)
+			p.count(wire.OpRestore)
 			if err := p.k.IPTables.Restore(p.ctx, fam, payload); err != nil {
 				if p.restoreFailures == nil {
 					p.restoreFailures = map[kernel.Family]uint32{}

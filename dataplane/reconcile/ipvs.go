@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // IPVS virtual servers and their real servers (destinations).
@@ -103,7 +104,7 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 			notOurs()
 			return
 		}
-		p.count(OpDeleteService)
+		p.count(wire.OpDeleteService)
 		p.queueIPVS(kernel.IPVSOp{Kind: kernel.DeleteVirtualServer, Server: kernel.VirtualServer{Key: key}}, func(err error) {
 			if err != nil && !errors.Is(err, kernel.ErrNotFound) {
 				p.fail(names, "ipvs delete "+key.String(), err)
@@ -119,14 +120,14 @@ func (p *pass) syncVS(key kernel.VirtualServerKey, touchers []string) {
 	// batch in order, so its destinations below find it.
 	switch {
 	case !exists:
-		p.count(OpAddService)
+		p.count(wire.OpAddService)
 		p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: vs}, func(err error) {
 			if err != nil {
 				p.fail(names, "ipvs add "+key.String(), err)
 			}
 		})
 	case cur != vs:
-		p.count(OpUpdateService)
+		p.count(wire.OpUpdateService)
 		p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateVirtualServer, Server: vs}, func(err error) {
 			if err != nil {
 				p.fail(names, "ipvs update "+key.String(), err)
@@ -166,11 +167,11 @@ func (p *pass) syncDests(key kernel.VirtualServerKey, want []desiredDest, exists
 		server := kernel.VirtualServer{Key: key}
 		switch {
 		case !ok:
-			p.count(OpAddDestination)
+			p.count(wire.OpAddDestination)
 			p.queueIPVS(kernel.IPVSOp{Kind: kernel.AddDestination, Server: server, Destination: d},
 				p.destDone(key, "add", d.Key(), names))
 		case cur.Weight != d.Weight || cur.Forward != d.Forward:
-			p.count(OpUpdateDestination)
+			p.count(wire.OpUpdateDestination)
 			p.queueIPVS(kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: server, Destination: d},
 				p.destDone(key, "update", d.Key(), names))
 		}

@@ -13,23 +13,13 @@ import (
 	"github.com/vsplane/vsplane/internal/wire"
 )
 
-// Kernel operation kinds reported in Ack.kernel_operations and Stats.
+// OpAddService and OpDeleteService remain only for dataplane/agent's state
+// test, which names them; the kernel operation kinds (Ack.kernel_operations,
+// Stats) are internal/wire's Op* constants, used directly everywhere else.
+// Delete these once that test names wire.OpAddService and wire.OpDeleteService.
 const (
-	OpAddService        = wire.OpAddService
-	OpUpdateService     = wire.OpUpdateService
-	OpDeleteService     = wire.OpDeleteService
-	OpAddDestination    = wire.OpAddDestination
-	OpUpdateDestination = wire.OpUpdateDestination
-	OpDeleteDestination = wire.OpDeleteDestination
-	OpSetTimeouts       = wire.OpSetTimeouts
-	OpCreateDummy       = wire.OpCreateDummy
-	OpBind              = wire.OpBind
-	OpUnbind            = wire.OpUnbind
-	OpCreateSet         = wire.OpCreateSet
-	OpAddEntry          = wire.OpAddEntry
-	OpDelEntry          = wire.OpDelEntry
-	OpRestore           = wire.OpRestore
-	OpSysctl            = wire.OpSysctl
+	OpAddService    = wire.OpAddService
+	OpDeleteService = wire.OpDeleteService
 )
 
 // pass is one application of desired state to the kernel, by an Apply

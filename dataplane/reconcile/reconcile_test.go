@@ -14,6 +14,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
+	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -87,7 +88,7 @@ func TestEndpointChangeTouchesOnlyThatDestination(t *testing.T) {
 	changed.backends = []backend{be("198.19.1.2", 8080), be("198.19.2.4", 8080)}
 	ack := apply(t, r, &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{changed.resource()}})
 	mustAck(t, ack)
-	want := map[string]uint32{OpAddDestination: 1, OpDeleteDestination: 1}
+	want := map[string]uint32{wire.OpAddDestination: 1, wire.OpDeleteDestination: 1}
 	if d := cmp.Diff(want, ops(ack.GetKernelOperations())); d != "" {
 		t.Errorf("kernel_operations (-want +got):\n%s", d)
 	}
@@ -100,7 +101,7 @@ func TestEndpointChangeTouchesOnlyThatDestination(t *testing.T) {
 	changed.backends[0].weight = 5
 	ack = apply(t, r, &vsplanev1.Delta{Nonce: "3", Resources: []*vsplanev1.Resource{changed.resource()}})
 	mustAck(t, ack)
-	if d := cmp.Diff(map[string]uint32{OpUpdateDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
+	if d := cmp.Diff(map[string]uint32{wire.OpUpdateDestination: 1}, ops(ack.GetKernelOperations())); d != "" {
 		t.Errorf("kernel_operations (-want +got):\n%s", d)
 	}
 	if d := cmp.Diff(map[string]int{"ipvs.UpdateDestination": 1}, writes(mk)); d != "" {
@@ -129,7 +130,7 @@ func TestRemoveService(t *testing.T) {
 		},
 	})
 	// KUBE-CLUSTER-IP is still non-empty: the rules did not change.
-	want := map[string]uint32{OpDeleteService: 1, OpUnbind: 1, OpDelEntry: 2}
+	want := map[string]uint32{wire.OpDeleteService: 1, wire.OpUnbind: 1, wire.OpDelEntry: 2}
 	if d := cmp.Diff(want, ops(ack.GetKernelOperations())); d != "" {
 		t.Errorf("kernel_operations (-want +got):\n%s", d)
 	}
@@ -140,7 +141,7 @@ func TestRemoveService(t *testing.T) {
 	// Removing the last service empties KUBE-CLUSTER-IP: rules re-rendered.
 	ack = apply(t, r, &vsplanev1.Delta{Nonce: "3", Removed: []string{"service/default/a"}})
 	mustAck(t, ack)
-	if ack.GetKernelOperations()[OpRestore] != 1 {
+	if ack.GetKernelOperations()[wire.OpRestore] != 1 {
 		t.Errorf("want one iptables restore, got ops %v", ack.GetKernelOperations())
 	}
 	if got := natRules(t, mk, "KUBE-SERVICES"); !slices.Equal(got, []string{"-s 127.0.0.0/8 -j RETURN", "-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT"}) {
@@ -184,7 +185,7 @@ func TestRestartCleansUpServiceDeletedWhileDown(t *testing.T) {
 	mk.ResetCalls()
 	ack := apply(t, r2, full(settingsRes(defaultNodeSettings()), svcA.resource()))
 	mustAck(t, ack)
-	want := map[string]uint32{OpDeleteService: 1, OpUnbind: 1, OpDelEntry: 2}
+	want := map[string]uint32{wire.OpDeleteService: 1, wire.OpUnbind: 1, wire.OpDelEntry: 2}
 	if d := cmp.Diff(want, ops(ack.GetKernelOperations())); d != "" {
 		t.Errorf("kernel_operations (-want +got):\n%s", d)
 	}
@@ -266,7 +267,7 @@ func TestDriftRepaired(t *testing.T) {
 		t.Errorf("repair writes (-want +got):\n%s", d)
 	}
 	st := r.Stats()
-	if st.FullReconciles != 1 || st.DriftRepaired != 8 || st.RepairsByKind[OpAddEntry] != 2 {
+	if st.FullReconciles != 1 || st.DriftRepaired != 8 || st.RepairsByKind[wire.OpAddEntry] != 2 {
 		t.Errorf("stats = %+v", st)
 	}
 	if got := natRules(t, mk, "PREROUTING"); len(got) != 1 {
@@ -480,7 +481,7 @@ func TestSettings(t *testing.T) {
 	mk.ResetCalls()
 	ack := apply(t, r, &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{settingsRes(ns)}})
 	mustAck(t, ack)
-	if d := cmp.Diff(map[string]uint32{OpUpdateService: 1, OpRestore: 1}, ops(ack.GetKernelOperations())); d != "" {
+	if d := cmp.Diff(map[string]uint32{wire.OpUpdateService: 1, wire.OpRestore: 1}, ops(ack.GetKernelOperations())); d != "" {
 		t.Errorf("kernel_operations (-want +got):\n%s", d)
 	}
 }
@@ -553,7 +554,7 @@ func TestDualStack(t *testing.T) {
 	ns.ClusterCidrs = append(ns.ClusterCidrs, "2001:2:0:100::/56")
 	ack := apply(t, r, full(settingsRes(ns), svcA.resource(), v6))
 	mustAck(t, ack)
-	if ack.GetKernelOperations()[OpRestore] != 2 {
+	if ack.GetKernelOperations()[wire.OpRestore] != 2 {
 		t.Errorf("want one restore per family, got %v", ack.GetKernelOperations())
 	}
 	st := readState(t, mk)
@@ -600,7 +601,7 @@ func TestSharedItemsStayWhileWanted(t *testing.T) {
 	mk.ResetCalls()
 	ack := apply(t, r, &vsplanev1.Delta{Nonce: "2", Removed: []string{"service/default/x"}})
 	mustAck(t, ack)
-	if d := cmp.Diff(map[string]uint32{OpDeleteService: 1}, ops(ack.GetKernelOperations())); d != "" {
+	if d := cmp.Diff(map[string]uint32{wire.OpDeleteService: 1}, ops(ack.GetKernelOperations())); d != "" {
 		t.Errorf("kernel_operations (-want +got):\n%s", d)
 	}
 	st := readState(t, mk)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
+	"github.com/vsplane/vsplane/internal/wire"
 )
 
 // Node settings in the kernel: sysctls and the IPVS timeouts.
@@ -50,7 +51,7 @@ func (p *pass) syncNodeSettings() {
 			continue
 		}
 		if cur != w.val {
-			p.count(OpSysctl)
+			p.count(wire.OpSysctl)
 			if err := sc.Set(w.name, w.val); err != nil {
 				p.fail(names, fmt.Sprintf("sysctl %s=%d", w.name, w.val), err)
 			}
@@ -79,7 +80,7 @@ func (p *pass) syncConntrack(names []string) {
 		if cur == val {
 			return true
 		}
-		p.count(OpSysctl)
+		p.count(wire.OpSysctl)
 		if err := sc.Set(name, val); err != nil {
 			hint := ""
 			if name == kernel.SysctlConntrackMax {
@@ -96,7 +97,7 @@ func (p *pass) syncConntrack(names []string) {
 			if buckets, err := sc.ConntrackHashsize(); err != nil {
 				p.fail(names, "read conntrack hashsize", err)
 			} else if buckets < limit/4 {
-				p.count(OpSysctl)
+				p.count(wire.OpSysctl)
 				if err := sc.SetConntrackHashsize(limit / 4); err != nil {
 					p.fail(names, fmt.Sprintf("conntrack hashsize=%d", limit/4), err)
 				}
@@ -144,7 +145,7 @@ func (p *pass) syncTimeouts(names []string) {
 		set.UDP = t.UDP
 	}
 	if set != (kernel.Timeouts{}) {
-		p.count(OpSetTimeouts)
+		p.count(wire.OpSetTimeouts)
 		if err := p.k.IPVS.SetTimeouts(set); err != nil {
 			p.fail(names, "set ipvs timeouts", err)
 		}
