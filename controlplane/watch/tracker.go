@@ -39,14 +39,16 @@ func newTracker[K comparable, T any]() *tracker[K, T] {
 	return &tracker[K, T]{items: map[K]*Change[T]{}}
 }
 
-// update records that key went from prev to cur (nil = absent) at trigger.
-// It returns true if a change for key is pending afterwards.
-func (t *tracker[K, T]) update(key K, prev, cur *Observed[T], trigger time.Time) bool {
+// update records that key went from prev() to cur (nil = absent) at
+// trigger. prev is called only when no change of key is pending (a pending
+// change keeps its first Previous), under the tracker's lock. It returns
+// true if a change for key is pending afterwards.
+func (t *tracker[K, T]) update(key K, prev func() *Observed[T], cur *Observed[T], trigger time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ch, ok := t.items[key]
 	if !ok {
-		ch = &Change[T]{Previous: prev, Trigger: trigger}
+		ch = &Change[T]{Previous: prev(), Trigger: trigger}
 		t.items[key] = ch
 	} else if trigger.Before(ch.Trigger) {
 		ch.Trigger = trigger

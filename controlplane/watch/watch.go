@@ -163,7 +163,16 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 	handlers := []struct {
 		inf cache.SharedIndexInformer
 		f   func(old, cur any)
-	}{{svcInf, w.onService}, {sliceInf, w.onSlice}, {nodeInf, w.onNode}, {nsInf, w.onNamespace}}
+	}{
+		{svcInf, kindHandler[corev1.Service, model.ServiceKey, model.Service]{w: w, tracker: w.services,
+			typed: typed[corev1.Service], key: serviceKey, convert: model.ConvertService}.on},
+		{sliceInf, kindHandler[discoveryv1.EndpointSlice, model.SliceKey, model.EndpointSlice]{w: w, tracker: w.slices,
+			typed: typed[discoveryv1.EndpointSlice], key: sliceKey, convert: model.ConvertEndpointSlice, triggerTime: sliceTriggerTime}.on},
+		{nodeInf, kindHandler[corev1.Node, string, model.Node]{w: w, tracker: w.nodes,
+			typed: typed[corev1.Node], key: (*corev1.Node).GetName, convert: model.ConvertNode}.on},
+		{nsInf, kindHandler[corev1.Namespace, string, model.Namespace]{w: w, tracker: w.nss,
+			typed: typed[corev1.Namespace], key: (*corev1.Namespace).GetName, convert: model.ConvertNamespace}.on},
+	}
 	if opts.Rollouts {
 		if opts.Dynamic == nil {
 			return nil, fmt.Errorf("watch: rollouts need a dynamic client")
@@ -176,7 +185,8 @@ func New(client kubernetes.Interface, sink Sink, opts Options, log *zap.Logger) 
 		handlers = append(handlers, struct {
 			inf cache.SharedIndexInformer
 			f   func(old, cur any)
-		}{w.rolloutInf, w.onRollout})
+		}{w.rolloutInf, kindHandler[v1alpha1.SchedulerRollout, string, model.Rollout]{w: w, tracker: w.rollouts,
+			typed: toRollout, key: (*v1alpha1.SchedulerRollout).GetName, convert: model.ConvertRollout}.on})
 	}
 	for _, h := range handlers {
 		reg, err := h.inf.AddEventHandler(handler(h.f))
@@ -272,23 +282,24 @@ func (w *Watcher) request(pending bool) {
 	}
 }
 
-func (w *Watcher) onService(old, cur any) {
-	o, _ := old.(*corev1.Service)
-	c, _ := cur.(*corev1.Service)
-	ref := c
-	if ref == nil {
-		ref = o
-	}
-	if ref == nil {
-		return
-	}
-	key := model.ServiceKey{Namespace: ref.Namespace, Name: ref.Name}
-	w.request(w.services.update(key, observe(o, model.ConvertService), observe(c, model.ConvertService), w.opts.Clock.Now()))
+// kindHandler records one informer's events (O: its Kubernetes type) in
+// the tracker of their model type T. The old object is converted only when
+// the tracker needs it: when no change of its key is pending (a pending
+// change keeps its first Previous).
+type kindHandler[O any, K comparable, T any] struct {
+	w       *Watcher
+	tracker *tracker[K, T]
+	typed   func(obj any) *O // the object; nil if absent or not an O
+	key     func(*O) K
+	convert func(*O) (*T, []model.Problem)
+	// triggerTime is when the object says it changed, if it says so
+	// (nil: never); otherwise the change happened now.
+	triggerTime func(*O) (time.Time, bool)
 }
 
-func (w *Watcher) onSlice(old, cur any) {
-	o, _ := old.(*discoveryv1.EndpointSlice)
-	c, _ := cur.(*discoveryv1.EndpointSlice)
+// on records the event old → cur (nil = absent).
+func (h kindHandler[O, K, T]) on(old, cur any) {
+	o, c := h.typed(old), h.typed(cur)
 	ref := c
 	if ref == nil {
 		ref = o
@@ -296,52 +307,39 @@ func (w *Watcher) onSlice(old, cur any) {
 	if ref == nil {
 		return
 	}
-	trigger := w.opts.Clock.Now()
-	if s := ref.Annotations[model.AnnotationTriggerTime]; s != "" {
-		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+	trigger := h.w.opts.Clock.Now()
+	if h.triggerTime != nil {
+		if t, ok := h.triggerTime(ref); ok {
 			trigger = t
 		}
 	}
-	key := model.SliceKey{Namespace: ref.Namespace, Name: ref.Name}
-	w.request(w.slices.update(key, observe(o, model.ConvertEndpointSlice), observe(c, model.ConvertEndpointSlice), trigger))
+	prev := func() *Observed[T] { return observe(o, h.convert) }
+	h.w.request(h.tracker.update(h.key(ref), prev, observe(c, h.convert), trigger))
 }
 
-func (w *Watcher) onNode(old, cur any) {
-	o, _ := old.(*corev1.Node)
-	c, _ := cur.(*corev1.Node)
-	ref := c
-	if ref == nil {
-		ref = o
-	}
-	if ref == nil {
-		return
-	}
-	w.request(w.nodes.update(ref.Name, observe(o, model.ConvertNode), observe(c, model.ConvertNode), w.opts.Clock.Now()))
+// typed is obj as an *O; nil if absent or of another type.
+func typed[O any](obj any) *O {
+	o, _ := obj.(*O)
+	return o
 }
 
-func (w *Watcher) onNamespace(old, cur any) {
-	o, _ := old.(*corev1.Namespace)
-	c, _ := cur.(*corev1.Namespace)
-	ref := c
-	if ref == nil {
-		ref = o
-	}
-	if ref == nil {
-		return
-	}
-	w.request(w.nss.update(ref.Name, observe(o, model.ConvertNamespace), observe(c, model.ConvertNamespace), w.opts.Clock.Now()))
+func serviceKey(s *corev1.Service) model.ServiceKey {
+	return model.ServiceKey{Namespace: s.Namespace, Name: s.Name}
 }
 
-func (w *Watcher) onRollout(old, cur any) {
-	o, c := toRollout(old), toRollout(cur)
-	ref := c
-	if ref == nil {
-		ref = o
+func sliceKey(s *discoveryv1.EndpointSlice) model.SliceKey {
+	return model.SliceKey{Namespace: s.Namespace, Name: s.Name}
+}
+
+// sliceTriggerTime is the EndpointSlice's
+// endpoints.kubernetes.io/last-change-trigger-time, if set and valid.
+func sliceTriggerTime(s *discoveryv1.EndpointSlice) (time.Time, bool) {
+	if v := s.Annotations[model.AnnotationTriggerTime]; v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			return t, true
+		}
 	}
-	if ref == nil {
-		return
-	}
-	w.request(w.rollouts.update(ref.Name, observe(o, model.ConvertRollout), observe(c, model.ConvertRollout), w.opts.Clock.Now()))
+	return time.Time{}, false
 }
 
 // toRollout converts an informer object (unstructured) to the typed
