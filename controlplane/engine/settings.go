@@ -29,13 +29,6 @@ func (e *Engine) SetTranslate(cfg translate.Config) {
 	e.nextMu.Unlock()
 }
 
-// Translate returns the fleet settings in force (those of the last Apply).
-func (e *Engine) Translate() translate.Config {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return e.cfg.Translate
-}
-
 func (e *Engine) settingsPending() bool {
 	e.nextMu.Lock()
 	defer e.nextMu.Unlock()

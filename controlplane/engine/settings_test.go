@@ -74,7 +74,7 @@ func TestSetTranslateAppliesOnNextApply(t *testing.T) {
 
 	// 1. A new default scheduler: node settings only, nothing recomputed.
 	before, translations := versions(st, nodes...), gathered(t, reg, metricTranslations, nil)
-	cfg := e.Translate()
+	cfg := e.cfg.Translate
 	cfg.DefaultScheduler = "wlc"
 	e.SetTranslate(cfg)
 	if !e.Pending() {

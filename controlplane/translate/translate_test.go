@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -249,7 +250,7 @@ func TestService(t *testing.T) {
 func TestVariants(t *testing.T) {
 	in := Input{Service: web, Slices: []*model.EndpointSlice{webSlice}}
 	v := VariantsOf(in)
-	if diff := cmp.Diff([]string{"n1", "n2"}, v.PerNode()); diff != "" {
+	if diff := cmp.Diff([]string{"n1", "n2"}, slices.Sorted(maps.Keys(v.perNode))); diff != "" {
 		t.Fatalf("PerNode (-want +got):\n%s", diff)
 	}
 	nodes := []*model.Node{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}, {Name: "n4", Zone: "z"}}

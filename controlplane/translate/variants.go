@@ -114,17 +114,6 @@ func (v Variants) Key(node *model.Node) string {
 	return strings.Join(parts, ";")
 }
 
-// PerNode returns the names of the nodes that have their own variant
-// because they host endpoints or are named in node hints.
-func (v Variants) PerNode() []string {
-	out := make([]string, 0, len(v.perNode))
-	for n := range v.perNode {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 func isFamily(f model.Family) func(netip.Addr) bool {
 	return func(a netip.Addr) bool { return model.FamilyOf(a) == f }
 }

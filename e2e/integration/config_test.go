@@ -85,8 +85,8 @@ func TestConfigFileReload(t *testing.T) {
 		if svcAfter, _ := r.Store.Get("node-a", snapshot.ServiceName("default", "web")); svcAfter.GetVersion() != svcBefore.GetVersion() {
 			t.Errorf("Service resource changed: %s -> %s", svcBefore.GetVersion(), svcAfter.GetVersion())
 		}
-		if got := r.Engine.Translate().DefaultScheduler; got != "wlc" {
-			t.Errorf("engine default scheduler %q", got)
+		if got := defaultScheduler(t, r); got != "wlc" {
+			t.Errorf("node/settings default scheduler %q", got)
 		}
 	})
 
@@ -114,8 +114,8 @@ func TestConfigFileReload(t *testing.T) {
 		if got := settingsVersion(t, r); got != settingsBefore {
 			t.Errorf("node/settings changed by a broken file: %s -> %s", settingsBefore, got)
 		}
-		if got := r.Engine.Translate().DefaultScheduler; got != "wlc" {
-			t.Errorf("engine default scheduler %q after a broken file", got)
+		if got := defaultScheduler(t, r); got != "wlc" {
+			t.Errorf("node/settings default scheduler %q after a broken file", got)
 		}
 		if msg := ackedExactly(r, "node-a"); msg != "" {
 			t.Error(msg)
@@ -167,6 +167,17 @@ func settingsVersion(t *testing.T, r *app.Replica) string {
 		t.Fatal("node-a has no node/settings")
 	}
 	return res.GetVersion()
+}
+
+// defaultScheduler is the fleet default scheduler the replica publishes in
+// node-a's node/settings.
+func defaultScheduler(t *testing.T, r *app.Replica) string {
+	t.Helper()
+	res, ok := r.Store.Get("node-a", snapshot.NodeSettingsName)
+	if !ok {
+		t.Fatal("node-a has no node/settings")
+	}
+	return res.GetNodeSettings().GetDefaultScheduler()
 }
 
 // metricValue reads one sample of a counter or gauge from the replica's
