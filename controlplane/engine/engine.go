@@ -63,9 +63,6 @@ type Engine struct {
 	// reached: the rollouts that decide schedulers, newest first (rollouts.go).
 	reached   []reached
 	conflicts *conflicts
-	batch     snapshot.Batch
-	// pooled: the Services whose partPool this Apply created.
-	pooled []*serviceEntry
 	// resync: Services the current periodic self-check has still to redo.
 	resync []model.ServiceKey
 
@@ -94,9 +91,6 @@ type serviceEntry struct {
 	// shared caches one resource per variant key nodes share (every key
 	// but "node/..."); reset whenever the Service is recomputed.
 	shared map[string]*vsplanev1.Resource
-	// parts shares equal sub-messages among the variants one Apply builds
-	// (share.go); dropped at the end of the Apply.
-	parts *partPool
 	// rolloutVersion identifies the rollouts in.Rollouts was derived from.
 	rolloutVersion string
 }
@@ -160,8 +154,9 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	w := &work{dirty: map[model.ServiceKey]time.Time{}, fresh: map[string]struct{}{}, b: &e.batch}
-	w.b.Reset()
+	b := batches.Get().(*snapshot.Batch)
+	defer func() { b.Reset(); batches.Put(b) }() // nothing of this Apply left in it
+	w := &work{dirty: map[model.ServiceKey]time.Time{}, fresh: map[string]struct{}{}, b: b}
 	settings := e.takeTranslate()
 	e.applyNodes(w, ch.Nodes)
 	e.applySettings(w, settings, ch.Nodes)
@@ -175,13 +170,6 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 		w.markDirty(key, time.Time{})
 	}
 	changed := e.write(w)
-	// The pools served this Apply's variants; kept, they would cost more
-	// than the sharing they could still bring to a later one.
-	for _, se := range e.pooled {
-		se.parts = nil
-	}
-	clear(e.pooled)
-	e.pooled = e.pooled[:0]
 
 	e.applySeconds.Observe(time.Since(start).Seconds())
 	if e.log.Core().Enabled(zap.DebugLevel) {
@@ -192,14 +180,38 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	return nil
 }
 
-// work is what one Apply has to write.
+// work is what one Apply has to write, and the state that lives only as
+// long as the Apply.
 type work struct {
 	// dirty: Services to recompute, with their earliest trigger.
 	dirty map[model.ServiceKey]time.Time
 	// fresh: nodes that get every Service (new, or zone/addresses changed),
 	// staged and published whole.
 	fresh map[string]struct{}
-	b     *snapshot.Batch
+	// b holds the writes not yet committed (write commits it in chunks).
+	b *snapshot.Batch
+	// parts: per Service, the sub-messages its variants built in this
+	// Apply share (share.go). Dropped with the Apply: kept, the pools would
+	// cost more than the sharing they could still bring to a later one.
+	parts map[*serviceEntry]*partPool
+}
+
+// batches recycles the batches' storage from one Apply to the next: a
+// change writes one resource per node, so a fresh batch would grow to the
+// node count on every Apply. Only empty batches are put back.
+var batches = sync.Pool{New: func() any { return new(snapshot.Batch) }}
+
+// partsOf returns the part pool of se for this Apply, creating it.
+func (w *work) partsOf(se *serviceEntry) *partPool {
+	p := w.parts[se]
+	if p == nil {
+		if w.parts == nil {
+			w.parts = map[*serviceEntry]*partPool{}
+		}
+		p = &partPool{}
+		w.parts[se] = p
+	}
+	return p
 }
 
 func (w *work) markDirty(k model.ServiceKey, t time.Time) {
@@ -312,11 +324,11 @@ func (e *Engine) write(w *work) int {
 		}
 	}
 	for key, trig := range w.dirty {
-		e.recompute(w.b, key, trig, w.fresh)
+		e.recompute(w, key, trig)
 		commit(false)
 	}
 	for name := range w.fresh {
-		e.fillNode(w.b, e.nodes[name].node)
+		e.fillNode(w, e.nodes[name].node)
 		commit(false)
 	}
 	for name := range w.fresh {
@@ -373,30 +385,30 @@ func (e *Engine) gc(k model.ServiceKey, se *serviceEntry) {
 }
 
 // recompute translates Service k once per variant and sets it on every
-// known node except those in skip (they get everything in fillNode).
-func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time, skip map[string]struct{}) {
+// known node except the fresh ones (they get everything in fillNode).
+func (e *Engine) recompute(w *work, k model.ServiceKey, trig time.Time) {
 	name := snapshot.ServiceName(k.Namespace, k.Name)
 	se := e.services[k]
 	if se == nil || se.svc == nil {
 		if se != nil {
-			se.in, se.variants, se.shared, se.parts = translate.Input{}, translate.Variants{}, nil, nil
+			se.in, se.variants, se.shared = translate.Input{}, translate.Variants{}, nil
 			se.conflictProblems = nil
 		}
 		for n := range e.nodes {
-			if _, ok := skip[n]; !ok {
-				b.Delete(n, name)
+			if _, ok := w.fresh[n]; !ok {
+				w.b.Delete(n, name)
 			}
 		}
 		return
 	}
 	e.derive(se)
-	se.shared, se.parts = nil, nil
+	se.shared = nil
 	for n, ne := range e.nodes {
-		if _, ok := skip[n]; ok {
+		if _, ok := w.fresh[n]; ok {
 			continue
 		}
-		if r := e.variantFor(se, ne.node); r != nil {
-			b.Set(n, r, trig)
+		if r := e.variantFor(w, se, ne.node); r != nil {
+			w.b.Set(n, r, trig)
 		}
 	}
 }
@@ -405,17 +417,17 @@ func (e *Engine) recompute(b *snapshot.Batch, k model.ServiceKey, trig time.Time
 // changed), reusing each Service's common variant. The node's change (given
 // to StageNode) is the trigger: an old Service first sent to a new node is
 // not old news for it.
-func (e *Engine) fillNode(b *snapshot.Batch, n *model.Node) {
+func (e *Engine) fillNode(w *work, n *model.Node) {
 	for k, se := range e.services {
 		if se.svc == nil {
-			b.Delete(n.Name, snapshot.ServiceName(k.Namespace, k.Name))
+			w.b.Delete(n.Name, snapshot.ServiceName(k.Namespace, k.Name))
 			continue
 		}
 		if se.in.Service == nil { // not derived yet (cannot happen after recompute, kept for safety)
 			e.derive(se)
 		}
-		if r := e.variantFor(se, n); r != nil {
-			b.Fill(n.Name, r) // the trigger StageNode got: the node's change
+		if r := e.variantFor(w, se, n); r != nil {
+			w.b.Fill(n.Name, r) // the trigger StageNode got: the node's change
 		}
 	}
 }
@@ -440,8 +452,9 @@ func (e *Engine) derive(se *serviceEntry) {
 }
 
 // variantFor returns the resource of se for node n: the cached value of
-// n's variant key, or a fresh translation (always for "node/..." keys).
-func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource {
+// n's variant key, or a fresh translation (always for "node/..." keys),
+// its parts shared with the other variants of se this Apply built.
+func (e *Engine) variantFor(w *work, se *serviceEntry, n *model.Node) *vsplanev1.Resource {
 	key := se.variants.Key(n)
 	shared := translate.Shared(key)
 	if r, ok := se.shared[key]; ok && shared {
@@ -449,11 +462,7 @@ func (e *Engine) variantFor(se *serviceEntry, n *model.Node) *vsplanev1.Resource
 	}
 	st := translate.Service(se.in, n, e.cfg.Translate)
 	e.translations.Inc()
-	if se.parts == nil {
-		se.parts = &partPool{}
-		e.pooled = append(e.pooled, se)
-	}
-	se.parts.share(st)
+	w.partsOf(se).share(st)
 	r, err := snapshot.NewServiceResource(st)
 	if err != nil {
 		// Only a proto encoding failure can get here; record it loudly.
