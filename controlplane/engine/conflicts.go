@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/translate"
 )
 
 // Reasons of cross-Service conflicts (per-Service conversion problems live
@@ -45,8 +46,9 @@ func (a claimant) compare(b claimant) int {
 // restored etcd or a repaired allocation can hand one out twice) and
 // external IPs equal to a node address on a port some Service uses as its
 // NodePort (both would be the same IPVS virtual server on that node).
-// Losers get an adjusted copy of their Service and a problem; the owner is
-// untouched. Not safe for concurrent use (the engine holds its lock).
+// A loser's translation leaves out what it lost (translate.Conflicts) and
+// carries a problem; the owner is untouched. Not safe for concurrent use
+// (the engine holds its lock).
 type conflicts struct {
 	claims    map[portKey][]claimant // sorted, owner first
 	claimedBy map[model.ServiceKey][]portKey
@@ -258,19 +260,20 @@ func (c *conflicts) extIPServices() []model.ServiceKey {
 	return out
 }
 
-// resolve returns the Service the translator should see: svc itself, or a
-// copy without the NodePorts another Service owns and without external IPs
-// that would take over a node's NodePort; plus the problems explaining it.
-func (c *conflicts) resolve(svc *model.Service) (*model.Service, []model.Problem) {
+// resolve returns what svc loses, for the translator to leave out: the
+// NodePorts another Service owns, the external IPs that would take over a
+// node's NodePort and the virtual servers an older Service also claims;
+// plus the problems explaining it.
+func (c *conflicts) resolve(svc *model.Service) (translate.Conflicts, []model.Problem) {
+	var out translate.Conflicts
 	if svc == nil {
-		return nil, nil
+		return out, nil
 	}
 	var problems []model.Problem
 	problem := func(r model.Reason, format string, args ...any) {
 		problems = append(problems, model.Problem{Kind: "Service", Object: svc.Key.String(), Reason: r,
 			Detail: fmt.Sprintf(format, args...), Dropped: true})
 	}
-	out := svc
 	for i, p := range svc.Ports {
 		if p.NodePort == 0 {
 			continue
@@ -279,17 +282,10 @@ func (c *conflicts) resolve(svc *model.Service) (*model.Service, []model.Problem
 		if len(owner) == 0 || owner[0].key == svc.Key {
 			continue
 		}
-		if out == svc {
-			cp := *svc
-			cp.Ports = slices.Clone(svc.Ports)
-			out = &cp
-		}
-		out.Ports[i].NodePort = 0
+		addTo(&out.NodePorts, translate.NodePort{Protocol: p.Protocol, Port: p.NodePort})
 		problem(ReasonNodePortConflict, "ports[%d] (%q): nodePort %d/%s is already used by %s; NodePort not programmed",
 			i, p.Name, p.NodePort, p.Protocol, owner[0].key)
 	}
-	var keep []netip.Addr
-	dropped := false
 	for _, ip := range svc.ExternalIPs {
 		node, isNode := c.nodeAddrs[ip]
 		var clash []string
@@ -301,35 +297,28 @@ func (c *conflicts) resolve(svc *model.Service) (*model.Service, []model.Problem
 			}
 		}
 		if len(clash) == 0 {
-			keep = append(keep, ip)
 			continue
 		}
-		dropped = true
+		addTo(&out.ExternalIPs, ip)
 		problem(ReasonExternalIPConflict, "externalIPs: %s is an address of node %s and port %s; the external IP would take over that NodePort, so it is not programmed",
 			ip, node, strings.Join(clash, ", "))
-	}
-	if dropped {
-		if out == svc {
-			cp := *svc
-			out = &cp
-		}
-		out.ExternalIPs = keep
 	}
 	for _, v := range c.vipsOfSv[svc.Key] {
 		owner := c.vips[v]
 		if len(owner) == 0 || owner[0].key == svc.Key {
 			continue
 		}
-		if out == svc {
-			cp := *svc
-			out = &cp
-		}
-		if out.Yielded == nil {
-			out.Yielded = map[model.VIP]model.ServiceKey{}
-		}
-		out.Yielded[v] = owner[0].key
+		addTo(&out.VIPs, v)
 		problem(ReasonVIPConflict, "virtual server %s is also claimed by the older Service %s, which keeps it; not programmed for this Service",
 			v, owner[0].key)
 	}
 	return out, problems
+}
+
+// addTo adds k to the set *m, making it if need be.
+func addTo[K comparable](m *map[K]struct{}, k K) {
+	if *m == nil {
+		*m = map[K]struct{}{}
+	}
+	(*m)[k] = struct{}{}
 }

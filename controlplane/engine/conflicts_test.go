@@ -2,11 +2,13 @@ package engine
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vsplane/vsplane/controlplane/model"
+	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 )
 
@@ -32,13 +34,36 @@ func deleteService(c *watch.Changes, name string) {
 }
 
 // translated is what the translator was last given for a Service.
-func translated(t *testing.T, e *Engine, name string) *model.Service {
+func translated(t *testing.T, e *Engine, name string) translate.Input {
 	t.Helper()
 	se := e.services[model.ServiceKey{Namespace: "ns", Name: name}]
 	if se == nil || se.in.Service == nil {
 		t.Fatalf("service %s not translated", name)
 	}
-	return se.in.Service
+	return se.in
+}
+
+// nodePortOf is the NodePort of a Service's first port as the translator
+// programs it: 0 when the conflicts it was given say another Service owns it.
+func nodePortOf(t *testing.T, e *Engine, name string) uint16 {
+	t.Helper()
+	in := translated(t, e, name)
+	sp := in.Service.Ports[0]
+	if _, lost := in.Conflicts.NodePorts[translate.NodePort{Protocol: sp.Protocol, Port: sp.NodePort}]; lost {
+		return 0
+	}
+	return sp.NodePort
+}
+
+// externalIPsOf are a Service's external IPs the translator programs: those
+// the conflicts it was given do not drop.
+func externalIPsOf(t *testing.T, e *Engine, name string) []netip.Addr {
+	t.Helper()
+	in := translated(t, e, name)
+	return slices.DeleteFunc(slices.Clone(in.Service.ExternalIPs), func(ip netip.Addr) bool {
+		_, dropped := in.Conflicts.ExternalIPs[ip]
+		return dropped
+	})
 }
 
 func hasProblem(e *Engine, name string, r model.Reason) bool {
@@ -61,11 +86,14 @@ func TestDuplicateNodePortGoesToTheOlderService(t *testing.T) {
 	c = changes()
 	setNodePortService(c, "new", 200, 30080)
 	apply(t, e, c)
-	if got := translated(t, e, "old").Ports[0].NodePort; got != 30080 {
+	if got := nodePortOf(t, e, "old"); got != 30080 {
 		t.Errorf("older service lost its NodePort: %d", got)
 	}
-	if got := translated(t, e, "new").Ports[0].NodePort; got != 0 {
+	if got := nodePortOf(t, e, "new"); got != 0 {
 		t.Errorf("newer service kept the conflicting NodePort %d", got)
+	}
+	if got := translated(t, e, "new").Service.Ports[0].NodePort; got != 30080 {
+		t.Errorf("the translator got a changed Service (nodePort %d), not the one as read", got)
 	}
 	if !hasProblem(e, "new", ReasonNodePortConflict) || hasProblem(e, "old", ReasonNodePortConflict) {
 		t.Errorf("problems: old %v new %v", e.Problems(model.ServiceKey{Namespace: "ns", Name: "old"}),
@@ -94,7 +122,7 @@ func TestDuplicateNodePortGoesToTheOlderService(t *testing.T) {
 		Ports: []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30080}},
 	}}}
 	apply(t, e, c)
-	if got := translated(t, e, "udp").Ports[0].NodePort; got != 30080 || hasProblem(e, "udp", ReasonNodePortConflict) {
+	if got := nodePortOf(t, e, "udp"); got != 30080 || hasProblem(e, "udp", ReasonNodePortConflict) {
 		t.Errorf("UDP NodePort with a TCP namesake: nodePort %d, problems %v", got, e.Problems(k))
 	}
 
@@ -103,7 +131,7 @@ func TestDuplicateNodePortGoesToTheOlderService(t *testing.T) {
 	c = changes()
 	deleteService(c, "old")
 	apply(t, e, c)
-	if got := translated(t, e, "new").Ports[0].NodePort; got != 30080 {
+	if got := nodePortOf(t, e, "new"); got != 30080 {
 		t.Errorf("remaining service did not get the NodePort: %d", got)
 	}
 	if hasProblem(e, "new", ReasonNodePortConflict) {
@@ -120,7 +148,7 @@ func TestExternalIPOnANodesNodePortIsDropped(t *testing.T) {
 	// Port 80 on a node address is no NodePort: kept, like kube-proxy.
 	setNodePortService(c, "fine", 150, 0, "198.19.0.11")
 	apply(t, e, c)
-	if got := translated(t, e, "fine").ExternalIPs; len(got) != 1 {
+	if got := externalIPsOf(t, e, "fine"); len(got) != 1 {
 		t.Errorf("external IP on a non-NodePort port dropped: %v", got)
 	}
 
@@ -134,14 +162,14 @@ func TestExternalIPOnANodesNodePortIsDropped(t *testing.T) {
 		ExternalIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11"), netip.MustParseAddr("198.18.100.1")},
 	}}}
 	apply(t, e, c)
-	got := translated(t, e, "hijack").ExternalIPs
+	got := externalIPsOf(t, e, "hijack")
 	if len(got) != 1 || got[0] != netip.MustParseAddr("198.18.100.1") {
 		t.Errorf("external IPs = %v, want only 198.18.100.1", got)
 	}
 	if !hasProblem(e, "hijack", ReasonExternalIPConflict) {
 		t.Errorf("no conflict problem: %v", e.Problems(k))
 	}
-	if got := translated(t, e, "np").Ports[0].NodePort; got != 30080 {
+	if got := nodePortOf(t, e, "np"); got != 30080 {
 		t.Errorf("NodePort owner disturbed: %d", got)
 	}
 
@@ -149,7 +177,7 @@ func TestExternalIPOnANodesNodePortIsDropped(t *testing.T) {
 	c = changes()
 	deleteService(c, "np")
 	apply(t, e, c)
-	if got := translated(t, e, "hijack").ExternalIPs; len(got) != 2 || hasProblem(e, "hijack", ReasonExternalIPConflict) {
+	if got := externalIPsOf(t, e, "hijack"); len(got) != 2 || hasProblem(e, "hijack", ReasonExternalIPConflict) {
 		t.Errorf("after the NodePort left: external IPs %v, problems %v", got, e.Problems(k))
 	}
 
@@ -160,14 +188,14 @@ func TestExternalIPOnANodesNodePortIsDropped(t *testing.T) {
 	c.Nodes["n1"] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
 		Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.12")}}}}
 	apply(t, e, c)
-	if got := translated(t, e, "hijack").ExternalIPs; len(got) != 2 {
+	if got := externalIPsOf(t, e, "hijack"); len(got) != 2 {
 		t.Errorf("external IPs %v after the node moved away", got)
 	}
 	c = changes()
 	c.Nodes["n2"] = watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{
 		Name: "n2", Addresses: []netip.Addr{netip.MustParseAddr("198.19.0.11")}}}}
 	apply(t, e, c)
-	if got := translated(t, e, "hijack").ExternalIPs; len(got) != 1 || !hasProblem(e, "hijack", ReasonExternalIPConflict) {
+	if got := externalIPsOf(t, e, "hijack"); len(got) != 1 || !hasProblem(e, "hijack", ReasonExternalIPConflict) {
 		t.Errorf("node n2 took the address: external IPs %v, problems %v", got, e.Problems(k))
 	}
 }

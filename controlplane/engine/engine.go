@@ -432,11 +432,11 @@ func (e *Engine) fillNode(w *work, n *model.Node) {
 	}
 }
 
-// derive computes the translator input of se: its Service as conflicts
-// leave it, its slices and every problem (conversion and conflict).
-// Conflict problems are logged and counted when they change.
+// derive computes the translator input of se: its Service, what it loses
+// to other Services, its slices and every problem (conversion and
+// conflict). Conflict problems are logged and counted when they change.
 func (e *Engine) derive(se *serviceEntry) {
-	svc, conflictProblems := e.conflicts.resolve(se.svc)
+	lost, conflictProblems := e.conflicts.resolve(se.svc)
 	if !slices.Equal(conflictProblems, se.conflictProblems) {
 		for _, p := range conflictProblems {
 			if !slices.Contains(se.conflictProblems, p) {
@@ -446,7 +446,7 @@ func (e *Engine) derive(se *serviceEntry) {
 		}
 		se.conflictProblems = conflictProblems
 	}
-	se.in = translate.Input{Service: svc, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
+	se.in = translate.Input{Service: se.svc, Conflicts: lost, Slices: sortedSlices(se.slices), Problems: problemStrings(se)}
 	se.in.Rollouts, se.rolloutVersion = e.rolloutsFor(se.svc)
 	se.variants = translate.VariantsOf(se.in)
 }

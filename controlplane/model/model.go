@@ -152,11 +152,6 @@ type Service struct {
 	TrafficDistribution string
 	// Labels of the Service (SchedulerRollout service selectors).
 	Labels map[string]string
-	// Yielded are external/load-balancer virtual servers (address, port,
-	// protocol) an older Service also claims: the engine's conflict
-	// resolution sets them on a copy, and the translator leaves them out,
-	// so every node gives that virtual server to the same Service.
-	Yielded map[VIP]ServiceKey
 	// Scheduler is the Service's own IPVS scheduler from the
 	// AnnotationScheduler annotation (validated; "" when absent or bad),
 	// with SchedulerFlags from AnnotationSchedulerFlags.

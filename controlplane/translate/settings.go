@@ -184,13 +184,15 @@ func prefixes(ps []netip.Prefix) []string {
 // load-balancer IP on a port that is one of its NodePorts (is that address
 // a NodePort address of the node?); every other field shapes NodeSettings
 // only. So a Config change needs the node settings rewritten, and Services
-// recomputed only where this is true and NodePortAddresses changed.
+// recomputed only where this is true and NodePortAddresses changed. It
+// counts every NodePort and external IP of svc, also those Input.Conflicts
+// may leave out.
 func UsesNodePortAddresses(svc *model.Service) bool {
 	if svc == nil || len(svc.ExternalIPs)+len(svc.LoadBalancerIPs) == 0 {
 		return false
 	}
 	for _, sp := range svc.Ports {
-		if _, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok {
+		if _, ok := nodePortClaiming(svc, Conflicts{}, sp.Port, sp.Protocol); ok {
 			return true
 		}
 	}

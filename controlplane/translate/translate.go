@@ -32,6 +32,47 @@ type Input struct {
 	// first: a node gets the scheduler of the first one that reached it,
 	// unless the Service names its own.
 	Rollouts []*Rollout
+	// Conflicts are the parts of Service other Services own: left out.
+	Conflicts Conflicts
+}
+
+// Conflicts are the parts of a Service that other Services own, as the
+// engine decides them over all Services (engine/conflicts.go). The
+// translator leaves them out, so every node gives each to the same Service;
+// the Service itself stays as read. The zero value is no conflict.
+type Conflicts struct {
+	// NodePorts another Service owns: a port with one of them gets no
+	// NodePort virtual server and no NodePort ipset entries.
+	NodePorts map[NodePort]struct{}
+	// ExternalIPs not programmed: each is a node's address on a port that
+	// is some Service's NodePort.
+	ExternalIPs map[netip.Addr]struct{}
+	// VIPs are external and load-balancer virtual servers an older Service
+	// also claims.
+	VIPs map[model.VIP]struct{}
+}
+
+// NodePort is a NodePort number of one protocol.
+type NodePort struct {
+	Protocol model.Protocol
+	Port     uint16
+}
+
+// port returns sp as it is programmed: without a NodePort another Service
+// owns.
+func (c Conflicts) port(sp model.ServicePort) model.ServicePort {
+	if sp.NodePort != 0 {
+		if _, lost := c.NodePorts[NodePort{sp.Protocol, sp.NodePort}]; lost {
+			sp.NodePort = 0
+		}
+	}
+	return sp
+}
+
+// keepsExternalIP reports whether ip is programmed (not dropped by a conflict).
+func (c Conflicts) keepsExternalIP(ip netip.Addr) bool {
+	_, dropped := c.ExternalIPs[ip]
+	return !dropped
 }
 
 // Rollout is one SchedulerRollout's assignment: the nodes (of the steps
@@ -75,7 +116,7 @@ func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 	if svc == nil {
 		return nil
 	}
-	t := &translation{svc: svc, node: node, cfg: cfg, seen: map[vsKey]string{}}
+	t := &translation{svc: svc, conflicts: in.Conflicts, node: node, cfg: cfg, seen: map[vsKey]string{}}
 	t.st = &vsplanev1.ServiceState{
 		Namespace: svc.Key.Namespace,
 		Name:      svc.Key.Name,
@@ -85,6 +126,7 @@ func Service(in Input, node *model.Node, cfg Config) *vsplanev1.ServiceState {
 	for _, clusterIP := range svc.ClusterIPs {
 		fam := model.FamilyOf(clusterIP)
 		for _, sp := range svc.Ports {
+			sp = in.Conflicts.port(sp)
 			eps := endpointsFor(in.Slices, fam, sp, node.Name)
 			sel := categorize(eps, node.Name, node.Zone)
 			for i := range eps {
@@ -139,11 +181,12 @@ func (t *translation) noLocalEndpoints(eps []endpoint, sel *selection) {
 
 // translation is the state of one Service(in, node, cfg) call.
 type translation struct {
-	svc  *model.Service
-	node *model.Node
-	cfg  Config
-	st   *vsplanev1.ServiceState
-	sets ipsetBuilder
+	svc       *model.Service
+	conflicts Conflicts
+	node      *model.Node
+	cfg       Config
+	st        *vsplanev1.ServiceState
+	sets      ipsetBuilder
 	// seen maps each virtual server (address, port, protocol) to what
 	// created it, to report and skip duplicates.
 	seen map[vsKey]string
@@ -250,10 +293,10 @@ func (p *portTranslation) clusterIP(ip netip.Addr, sel *selection) {
 // node's NodePort, or add refused it.
 func (p *portTranslation) external(kind vsplanev1.VirtualServerKind, ip netip.Addr, what string) *vsplanev1.VirtualServer {
 	svc, sp := p.t.svc, p.sp
-	if _, yielded := svc.Yielded[model.VIP{Addr: ip, Proto: sp.Protocol, Port: sp.Port}]; yielded {
+	if _, yielded := p.t.conflicts.VIPs[model.VIP{Addr: ip, Proto: sp.Protocol, Port: sp.Port}]; yielded {
 		return nil // an older Service owns this virtual server (engine conflicts; the problem says so)
 	}
-	if np, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); ok && p.t.isNodePortAddress(ip) {
+	if np, ok := nodePortClaiming(svc, p.t.conflicts, sp.Port, sp.Protocol); ok && p.t.isNodePortAddress(ip) {
 		p.t.problem("port %s %s %s: this node's NodePort address %s and port %d/%s are NodePort %d of port %s; served as NodePort only",
 			p.name, what, ip, ip, sp.Port, sp.Protocol, np.NodePort, portLabel(np))
 		return nil
@@ -273,7 +316,10 @@ func (p *portTranslation) external(kind vsplanev1.VirtualServerKind, ip netip.Ad
 
 func (p *portTranslation) externalIPs() {
 	for _, ip := range p.t.svc.ExternalIPs {
-		if model.FamilyOf(ip) != p.fam || p.external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, ip, "externalIP") == nil {
+		if !p.t.conflicts.keepsExternalIP(ip) || model.FamilyOf(ip) != p.fam {
+			continue
+		}
+		if p.external(vsplanev1.VirtualServerKind_VIRTUAL_SERVER_KIND_EXTERNAL_IP, ip, "externalIP") == nil {
 			continue
 		}
 		// kube-proxy puts an external IP in exactly one of the two sets:

@@ -343,3 +343,50 @@ func TestNoLocalEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// Conflicts leave out what other Services own exactly as if the Service
+// did not ask for it: the same output and the same variants as the Service
+// without those parts.
+func TestConflictsAreLeftOut(t *testing.T) {
+	ip := netip.MustParseAddr
+	svc := &model.Service{
+		Key: model.ServiceKey{Namespace: "ns", Name: "lb"}, Type: model.ServiceTypeLoadBalancer,
+		ClusterIPs: []netip.Addr{ip("198.18.0.10")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080},
+			{Name: "alt", Protocol: model.TCP, Port: 30081, NodePort: 30081}},
+		ExternalIPs:     []netip.Addr{ip("198.19.0.1"), ip("198.18.100.1")},
+		LoadBalancerIPs: []netip.Addr{ip("198.18.200.5")},
+	}
+	conflicts := Conflicts{
+		NodePorts:   map[NodePort]struct{}{{Protocol: model.TCP, Port: 30080}: {}},
+		ExternalIPs: map[netip.Addr]struct{}{ip("198.18.100.1"): {}},
+		VIPs: map[model.VIP]struct{}{
+			{Addr: ip("198.18.200.5"), Proto: model.TCP, Port: 80}:    {},
+			{Addr: ip("198.18.200.5"), Proto: model.TCP, Port: 30081}: {},
+		},
+	}
+	without := *svc
+	without.Ports = slices.Clone(svc.Ports)
+	without.Ports[0].NodePort = 0
+	without.ExternalIPs = []netip.Addr{ip("198.19.0.1")}
+	without.LoadBalancerIPs = nil
+
+	in := Input{Service: svc, Conflicts: conflicts}
+	want := Input{Service: &without}
+	for _, n := range []*model.Node{
+		{Name: "n1", Addresses: []netip.Addr{ip("198.19.0.1")}}, // kept external IP on its own NodePort's port
+		{Name: "n2", Addresses: []netip.Addr{ip("198.18.100.1")}},
+		{Name: "n3"},
+	} {
+		got := Service(in, n, Config{})
+		if diff := cmp.Diff(Service(want, n, Config{}), got, protocmp.Transform()); diff != "" {
+			t.Errorf("%s: Service() (-without the parts +with conflicts):\n%s", n.Name, diff)
+		}
+		if cmp.Equal(Service(Input{Service: svc}, n, Config{}), got, protocmp.Transform()) {
+			t.Errorf("%s: the conflicts left nothing out", n.Name)
+		}
+		if got, want := VariantsOf(in).Key(n), VariantsOf(want).Key(n); got != want {
+			t.Errorf("%s: variant key %q, want %q", n.Name, got, want)
+		}
+	}
+}

@@ -67,10 +67,15 @@ func VariantsOf(in Input) Variants {
 			v.ranges = append(v.ranges, ranges...)
 		}
 	}
-	if slices.ContainsFunc(svc.Ports, func(sp model.ServicePort) bool { _, ok := nodePortClaiming(svc, sp.Port, sp.Protocol); return ok }) {
+	if slices.ContainsFunc(svc.Ports, func(sp model.ServicePort) bool {
+		_, ok := nodePortClaiming(svc, in.Conflicts, sp.Port, sp.Protocol)
+		return ok
+	}) {
 		v.claimed = map[netip.Addr]struct{}{}
 		for _, ip := range svc.ExternalIPs {
-			v.claimed[ip] = struct{}{}
+			if in.Conflicts.keepsExternalIP(ip) {
+				v.claimed[ip] = struct{}{}
+			}
 		}
 		for _, ip := range svc.LoadBalancerIPs {
 			v.claimed[ip] = struct{}{}
@@ -150,11 +155,13 @@ func allowFromNode(ranges []netip.Prefix, node *model.Node, f model.Family) bool
 	return false
 }
 
-// nodePortClaiming returns the port of svc whose NodePort is port/proto:
-// an external virtual server on port/proto at an address that is also a
-// NodePort address of the node would be that NodePort's IPVS virtual server.
-func nodePortClaiming(svc *model.Service, port uint16, proto model.Protocol) (model.ServicePort, bool) {
+// nodePortClaiming returns the port of svc whose NodePort (not lost to
+// another Service: c) is port/proto: an external virtual server on
+// port/proto at an address that is also a NodePort address of the node
+// would be that NodePort's IPVS virtual server.
+func nodePortClaiming(svc *model.Service, c Conflicts, port uint16, proto model.Protocol) (model.ServicePort, bool) {
 	for _, np := range svc.Ports {
+		np = c.port(np)
 		if np.NodePort != 0 && np.NodePort == port && np.Protocol == proto {
 			return np, true
 		}
