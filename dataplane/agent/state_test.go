@@ -79,7 +79,7 @@ func TestRestartResumesWithoutKernelWrites(t *testing.T) {
 	if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
 		t.Fatalf("apply: %v", ack)
 	}
-	if ops := ack.GetKernelOperations(); ops[reconcile.OpAddService] != 0 || ops[reconcile.OpDeleteService] != 0 {
+	if ops := ack.GetKernelOperations(); ops[wire.OpAddService] != 0 || ops[wire.OpDeleteService] != 0 {
 		t.Fatalf("a one-backend change re-created the virtual server: %v", ops)
 	}
 }

@@ -10,16 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
-	"github.com/vsplane/vsplane/internal/wire"
-)
-
-// OpAddService and OpDeleteService remain only for dataplane/agent's state
-// test, which names them; the kernel operation kinds (Ack.kernel_operations,
-// Stats) are internal/wire's Op* constants, used directly everywhere else.
-// Delete these once that test names wire.OpAddService and wire.OpDeleteService.
-const (
-	OpAddService    = wire.OpAddService
-	OpDeleteService = wire.OpDeleteService
 )
 
 // pass is one application of desired state to the kernel, by an Apply
