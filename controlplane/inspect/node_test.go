@@ -24,7 +24,8 @@ func storeEnv(t *testing.T) (*env, *snapshot.Store) {
 	e := newEnvWith(t, store, store)
 	var b snapshot.Batch
 	for _, n := range []string{"n1", "n2"} {
-		b.AddNode(n)
+		b.StageNode(n, time.Time{})
+		b.PublishNode(n)
 		ns, err := snapshot.NewNodeSettingsResource(&vsplanev1.NodeSettings{DefaultScheduler: "rr"})
 		if err != nil {
 			t.Fatal(err)

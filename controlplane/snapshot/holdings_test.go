@@ -82,9 +82,10 @@ func TestHoldingsMatchPerNodeModel(t *testing.T) {
 				if st, ok := m.target(node); ok {
 					delete(st, name)
 				}
-			case r < 80:
-				b.AddNode(node)
-				if _, ok := m.published[node]; !ok {
+			case r < 80: // a new node, published empty
+				_, published := m.published[node]
+				if _, staged := m.staged[node]; !published && !staged {
+					addNode(&b, node)
 					m.published[node] = map[string]modelSlot{}
 				}
 			case r < 84:
@@ -113,8 +114,7 @@ func TestHoldingsMatchPerNodeModel(t *testing.T) {
 	// Every node to the same values: nothing needs to be stored per node.
 	var b Batch
 	for _, n := range nodes {
-		b.AddNode(n)
-		b.PublishNode(n)
+		addNode(&b, n)
 		for _, svc := range svcs {
 			b.Set(n, value(svc, 7), time.Unix(99, 0))
 		}

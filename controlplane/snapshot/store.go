@@ -154,7 +154,6 @@ type opKind uint8
 const (
 	opSet opKind = iota
 	opDelete
-	opAddNode
 	opRemoveNode
 	opStageNode
 	opPublishNode
@@ -180,10 +179,6 @@ func (b *Batch) Reset() {
 
 // Len returns the number of queued writes.
 func (b *Batch) Len() int { return len(b.ops) }
-
-// AddNode makes node known (no-op if it is). A known node with no resources
-// still lists, with an empty set.
-func (b *Batch) AddNode(node string) { b.ops = append(b.ops, op{kind: opAddNode, node: node}) }
 
 // RemoveNode forgets node and all its resources, published and staged;
 // subscribers see every published name as changed.
@@ -240,10 +235,6 @@ func (s *Store) Commit(b *Batch) CommitStats {
 	for i := range b.ops {
 		o := &b.ops[i]
 		switch o.kind {
-		case opAddNode:
-			if _, ok := s.nodes[o.node]; !ok {
-				s.nodes[o.node] = s.newState()
-			}
 		case opRemoveNode:
 			if ns, ok := s.staged[o.node]; ok {
 				s.dropState(ns)

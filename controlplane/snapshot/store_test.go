@@ -20,6 +20,13 @@ func svcRes(t *testing.T, name, addr string) *vsplanev1.Resource {
 	return r
 }
 
+// addNode makes a new node known, empty, as the engine adds one: staged
+// and published in the same batch.
+func addNode(b *Batch, node string) {
+	b.StageNode(node, time.Time{})
+	b.PublishNode(node)
+}
+
 func names(es []Entry) []string {
 	var out []string
 	for _, e := range es {
@@ -54,8 +61,8 @@ func TestVersionIsContentHash(t *testing.T) {
 func TestIdenticalContentIsShared(t *testing.T) {
 	s := NewStore()
 	var b Batch
-	b.AddNode("n1")
-	b.AddNode("n2")
+	addNode(&b, "n1")
+	addNode(&b, "n2")
 	// Separately built but equal values: the store keeps the first one.
 	r1, r2 := svcRes(t, "a", "198.18.0.1"), svcRes(t, "a", "198.18.0.1")
 	b.Set("n1", r1, time.Time{})
@@ -110,7 +117,7 @@ func TestListGetTriggerAndSystemVersion(t *testing.T) {
 		t.Fatal("unknown node listed")
 	}
 	var b Batch
-	b.AddNode("n1")
+	addNode(&b, "n1")
 	s.Commit(&b)
 	rs, empty, ok := s.List("n1")
 	if !ok || len(rs) != 0 {
@@ -178,7 +185,7 @@ func TestSubscription(t *testing.T) {
 	defer sub.Close()
 	other := s.Subscribe("n2")
 	var b Batch
-	b.AddNode("n1")
+	addNode(&b, "n1")
 	b.Set("n1", svcRes(t, "a", "198.18.0.1"), time.Time{})
 	b.Set("n1", svcRes(t, "b", "198.18.0.2"), time.Time{})
 	s.Commit(&b)
@@ -222,7 +229,7 @@ func TestSubscription(t *testing.T) {
 	// Closed subscriptions record nothing.
 	other.Close()
 	b = Batch{}
-	b.AddNode("n2")
+	addNode(&b, "n2")
 	b.Set("n2", svcRes(t, "a", "198.18.0.1"), time.Time{})
 	s.Commit(&b)
 	if got := other.Drain(); got != nil {

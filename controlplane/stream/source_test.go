@@ -29,7 +29,9 @@ func (s storeSource) commit(f func(b *snapshot.Batch)) {
 	f(&b)
 	s.Commit(&b)
 }
-func (s storeSource) addNode(node string) { s.commit(func(b *snapshot.Batch) { b.AddNode(node) }) }
+func (s storeSource) addNode(node string) {
+	s.commit(func(b *snapshot.Batch) { b.StageNode(node, time.Time{}); b.PublishNode(node) })
+}
 func (s storeSource) removeNode(node string) {
 	s.commit(func(b *snapshot.Batch) { b.RemoveNode(node) })
 }

@@ -34,7 +34,8 @@ func TestWithRealSnapshotStore(t *testing.T) {
 		return r
 	}
 	var b snapshot.Batch
-	b.AddNode("n1")
+	b.StageNode("n1", time.Time{})
+	b.PublishNode("n1")
 	b.Set("n1", settings, time.Time{})
 	b.Set("n1", svc("default", "a", 80), time.Now())
 	b.Set("n1", svc("default", "b", 80), time.Now())
