@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -215,7 +214,7 @@ func (ss *session) queue(entries []Entry, removed []string, sysVersion string, c
 		}
 		delta.TriggerTimes[e.Resource.GetName()] = timestamppb.New(e.Trigger)
 	}
-	d.sentAt = time.Now()
+	d.sentAt = ss.s.opts.Clock.Now()
 	// Never blocks: the queue's capacity is MaxInFlight and every queued
 	// Delta is in flight.
 	ss.sendq <- &vsplanev1.ConnectResponse{Message: &vsplanev1.ConnectResponse_Delta{Delta: delta}}

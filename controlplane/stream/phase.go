@@ -136,7 +136,7 @@ func (s sessionState) next(ev event, now time.Time) (_ sessionState, ok bool) {
 // bug here.
 func (ss *session) enter(ev event) error {
 	from := ss.state
-	to, ok := from.next(ev, time.Now())
+	to, ok := from.next(ev, ss.s.opts.Clock.Now())
 	if !ok {
 		if ev == evHeldVersions {
 			return invalid("HeldVersions without a VersionsRequest")

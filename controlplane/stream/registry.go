@@ -10,12 +10,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
 )
 
 // Registry holds the agents connected to this replica, one per node. It is
 // safe for concurrent use.
 type Registry struct {
 	src Source
+	clk clock.PassiveClock // for the lag of reports
 
 	mu     sync.Mutex
 	byNode map[string]*agentState
@@ -61,8 +63,8 @@ type nackedVersion struct{ version, message string }
 // String is how inspection shows it (AgentInfo.nacked).
 func (n nackedVersion) String() string { return n.version + ": " + n.message }
 
-func newRegistry(src Source) *Registry {
-	return &Registry{src: src, byNode: map[string]*agentState{}}
+func newRegistry(src Source, clk clock.PassiveClock) *Registry {
+	return &Registry{src: src, clk: clk, byNode: map[string]*agentState{}}
 }
 
 // register installs st for its node and closes the replaced channel of any
@@ -269,7 +271,7 @@ func (r *Registry) info(st *agentState) *vsplanev1.AgentInfo {
 		pending += uint32(len(info.AcknowledgedVersions) - seen)
 		info.PendingResources = pending
 		if !oldest.IsZero() {
-			info.Lag = durationpb.New(max(time.Since(oldest), 0))
+			info.Lag = durationpb.New(max(r.clk.Since(oldest), 0))
 		}
 	}
 	return info

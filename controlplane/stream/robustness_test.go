@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/vsplane/vsplane/controlplane/stream"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -141,7 +142,8 @@ func TestNonReadingAgentDelaysNobody(t *testing.T) {
 // Streams for nodes that are not in the cluster wait at most
 // UnknownNodeTimeout, and at most MaxUnknownNodeStreams of them wait.
 func TestUnknownNodeStreamsAreBounded(t *testing.T) {
-	e := newEnvOpts(t, false, stream.Options{UnknownNodeTimeout: 2 * time.Second, MaxUnknownNodeStreams: 1})
+	clk := clocktesting.NewFakeClock(time.Now())
+	e := newEnvOpts(t, false, stream.Options{UnknownNodeTimeout: 2 * time.Second, MaxUnknownNodeStreams: 1, Clock: clk})
 	a := e.open()
 	a.hello("ghost-1", nil)
 	waitFor(t, func() bool { return e.srv.UnknownNodeStreams() == 1 })
@@ -150,6 +152,8 @@ func TestUnknownNodeStreamsAreBounded(t *testing.T) {
 	if err := b.streamErr(); statusCode(t, err) != codes.ResourceExhausted {
 		t.Fatalf("second unknown node: %v, want ResourceExhausted", err)
 	}
+	// The first waits until UnknownNodeTimeout passed on the clock.
+	waitFor(t, func() bool { clk.Step(500 * time.Millisecond); return e.srv.UnknownNodeStreams() == 0 })
 	err := a.streamErr()
 	if c := statusCode(t, err); c != codes.FailedPrecondition || !strings.Contains(err.Error(), "not been in the cluster") {
 		t.Fatalf("unknown node: %v, want FailedPrecondition", err)

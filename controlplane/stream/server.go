@@ -75,6 +75,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"k8s.io/utils/clock"
 
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -126,6 +127,10 @@ type Options struct {
 	Authenticate func(ctx context.Context) (node string, err error)
 	// Hooks observe streams (metrics).
 	Hooks Hooks
+	// Clock times the streams: Hello, HeldVersions, Ack and unknown-node
+	// timeouts, Deltas' send times, and the lag of the agents' reports
+	// (default the real clock).
+	Clock clock.Clock
 }
 
 // Defaults of Options.
@@ -184,12 +189,15 @@ func NewServer(src Source, opts Options) *Server {
 	if opts.MaxUnknownNodeStreams <= 0 {
 		opts.MaxUnknownNodeStreams = DefaultMaxUnknownNodeStreams
 	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
 	return &Server{
 		src:      src,
 		log:      opts.Logger,
 		opts:     opts,
 		hooks:    opts.Hooks,
-		reg:      newRegistry(src),
+		reg:      newRegistry(src, opts.Clock),
 		shutdown: make(chan struct{}),
 	}
 }

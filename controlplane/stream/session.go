@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
 
 	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
@@ -130,7 +131,7 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		node:           node,
 		agentVersion:   hello.GetAgentVersion(),
 		peer:           peerAddr,
-		connectedSince: time.Now(),
+		connectedSince: s.opts.Clock.Now(),
 		capabilities:   hello.GetCapabilities(),
 		sent:           held, // acknowledged too: ackDiff is empty
 		nacked:         map[string]nackedVersion{},
@@ -169,12 +170,12 @@ func (s *Server) recvHello(stream vsplanev1.AgentService_ConnectServer) (*vsplan
 		m, err := stream.Recv()
 		ch <- result{m, err}
 	}()
-	t := time.NewTimer(s.opts.HelloTimeout)
+	t := s.opts.Clock.NewTimer(s.opts.HelloTimeout)
 	defer t.Stop()
 	select {
 	case r := <-ch:
 		return r.m, r.err
-	case <-t.C:
+	case <-t.C():
 		// Returning ends the RPC, which makes the pending Recv return.
 		return nil, closeErr(ReasonHelloTimeout, codes.InvalidArgument, "no Hello within %v", s.opts.HelloTimeout)
 	case <-s.shutdown:
@@ -255,7 +256,8 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 			return err
 		}
 	}
-	timer := time.NewTimer(time.Hour)
+	clk := ss.s.opts.Clock
+	timer := clk.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		ss.noteInSync()
@@ -264,7 +266,7 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 			return err
 		}
 		deadline, reason := ss.deadline()
-		resetTimer(timer, deadline)
+		resetTimer(timer, deadline, clk.Now())
 		select {
 		case <-ctx.Done():
 			ss.log.Info("agent stream ended", zap.Error(ctx.Err()))
@@ -300,8 +302,8 @@ func (ss *session) run(stream vsplanev1.AgentService_ConnectServer) error {
 				ss.log.Warn("protocol error, closing stream", zap.Error(err))
 				return err
 			}
-		case <-timer.C:
-			if !deadline.IsZero() && !time.Now().Before(deadline) {
+		case <-timer.C():
+			if !deadline.IsZero() && !clk.Now().Before(deadline) {
 				err := reason()
 				ss.log.Warn("closing agent stream", zap.Error(err))
 				return err
@@ -346,13 +348,14 @@ func (ss *session) deadline() (time.Time, func() error) {
 	return at, why
 }
 
-// resetTimer makes t fire at deadline (or not at all for a zero deadline).
-func resetTimer(t *time.Timer, deadline time.Time) {
+// resetTimer makes t fire at deadline (or not at all for a zero deadline);
+// now is the time on t's clock.
+func resetTimer(t clock.Timer, deadline, now time.Time) {
 	t.Stop()
 	if deadline.IsZero() {
 		return
 	}
-	t.Reset(max(time.Until(deadline), 0))
+	t.Reset(max(deadline.Sub(now), 0))
 }
 
 func (ss *session) handle(m *vsplanev1.ConnectRequest) error {
@@ -415,7 +418,7 @@ func (ss *session) handleHeldVersions(hv *vsplanev1.HeldVersions) error {
 }
 
 func (ss *session) handleAck(ack *vsplanev1.Ack) error {
-	now := time.Now()
+	now := ss.s.opts.Clock.Now()
 	if ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK && ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK {
 		return invalid("Ack for nonce %q has status %v; want ACK or NACK", ack.GetNonce(), ack.GetStatus())
 	}
