@@ -107,6 +107,9 @@ type Config struct {
 	// OnRemovalHeld, if set, is called whenever the guard starts or stops
 	// holding a Delta (nil when it stops).
 	OnRemovalHeld func(*vsplanev1.HeldRemoval)
+	// Now is the clock the guard dates and ages a held Delta by (default
+	// time.Now); tests may replace it.
+	Now func() time.Time
 }
 
 // DefaultMaxRecvMsgSize (256 MiB): gRPC's default of 4 MiB is too small for
@@ -161,6 +164,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.RemovalConfirmation <= 0 {
 		cfg.RemovalConfirmation = DefaultRemovalConfirmation
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Token != nil && cfg.Token.RequireTransportSecurity() && cfg.Credentials == nil {
 		return nil, errors.New("client: a token is only sent over TLS; Credentials are required")
@@ -355,7 +361,7 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 		if first {
 			firstDelta.Stop()
 			first = false
-			if hold := c.guard.check(delta, c.cfg.Applier.Versions(), target, time.Now()); hold > 0 {
+			if hold := c.guard.check(delta, c.cfg.Applier.Versions(), target, c.cfg.Now()); hold > 0 {
 				// Not applied, not acknowledged: keep the stream (the
 				// control plane sees the hold in AgentStatus) for the
 				// confirmation period, then ask again, maybe elsewhere.
