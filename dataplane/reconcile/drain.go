@@ -109,7 +109,7 @@ func (p *pass) removeDestination(key kernel.VirtualServerKey, d kernel.Destinati
 		if d.Weight != 0 {
 			p.count(wire.OpUpdateDestination)
 			d.Weight = 0
-			if err := p.k.IPVS.UpdateDestination(key, d); err != nil {
+			if err := p.ipvsNow(kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: kernel.VirtualServer{Key: key}, Destination: d}); err != nil {
 				p.fail(names, fmt.Sprintf("ipvs drain destination %v -> %v (weight 0)", key, dk), err)
 				return // not draining yet; the retry tries again
 			}
@@ -130,13 +130,21 @@ func (p *pass) deleteDestination(key kernel.VirtualServerKey, dk kernel.Destinat
 	if drain {
 		p.countDrain(wire.OpDeleteDestination)
 	}
-	if err := p.k.IPVS.DeleteDestination(key, dk); err != nil && !errors.Is(err, kernel.ErrNotFound) {
+	del := kernel.IPVSOp{Kind: kernel.DeleteDestination, Server: kernel.VirtualServer{Key: key},
+		Destination: kernel.Destination{Address: dk.Address, Port: dk.Port}}
+	if err := p.ipvsNow(del); err != nil && !errors.Is(err, kernel.ErrNotFound) {
 		p.fail(names, fmt.Sprintf("ipvs delete destination %v -> %v", key, dk), err)
 		return false
 	}
 	p.drains.stop(key, dk)
 	return true
 }
+
+// ipvsNow writes one op at once, as a batch of one: a drain's writes (weight
+// 0, the delete that ends it) are not queued with the pass's other IPVS
+// writes, because what follows them (the drain's state, its log line)
+// depends on their outcome.
+func (p *pass) ipvsNow(op kernel.IPVSOp) error { return p.k.IPVS.Apply([]kernel.IPVSOp{op})[0] }
 
 // countDrain marks an operation already counted by count as drain
 // housekeeping, so a full reconcile does not report it as drift repair.
