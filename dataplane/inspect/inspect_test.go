@@ -163,13 +163,18 @@ func TestDifferences(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(k.IPVS.DeleteDestination(vsA, rsA1))                                                             // missing real server
-	must(k.IPVS.UpdateDestination(vsA, kernel.Destination{Address: rsA2.Address, Port: 8080, Weight: 7})) // differs
-	must(k.IPVS.UpdateVirtualServer(kernel.VirtualServer{Key: vsB, Scheduler: "wrr"}))                    // differs
-	must(k.IPVS.AddVirtualServer(kernel.VirtualServer{Key: extra, Scheduler: "rr"}))                      // extra
-	must(k.Links.UnbindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.11")))                   // missing address
-	_, err := k.Links.BindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.77"))                 // extra address
-	must(err)
+	ipvs := func(op kernel.IPVSOp) error { return k.IPVS.Apply([]kernel.IPVSOp{op})[0] }
+	addrs := func(op kernel.AddressOp) error {
+		return k.Links.ApplyAddresses(kernel.DummyDevice, []kernel.AddressOp{op})[0]
+	}
+	must(ipvs(kernel.IPVSOp{Kind: kernel.DeleteDestination, Server: kernel.VirtualServer{Key: vsA},
+		Destination: kernel.Destination{Address: rsA1.Address, Port: rsA1.Port}})) // missing real server
+	must(ipvs(kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: kernel.VirtualServer{Key: vsA},
+		Destination: kernel.Destination{Address: rsA2.Address, Port: 8080, Weight: 7}})) // differs
+	must(ipvs(kernel.IPVSOp{Kind: kernel.UpdateVirtualServer, Server: kernel.VirtualServer{Key: vsB, Scheduler: "wrr"}})) // differs
+	must(ipvs(kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: kernel.VirtualServer{Key: extra, Scheduler: "rr"}}))   // extra
+	must(addrs(kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: netip.MustParseAddr("198.18.0.11")}))                   // missing address
+	must(addrs(kernel.AddressOp{Kind: kernel.BindAddress, Addr: netip.MustParseAddr("198.18.0.77")}))                     // extra address
 	must(mk.SetConnections(vsA, rsA2, 3, 4))
 	if len(mk.Calls()) == 0 {
 		t.Fatal("the write counter did not count the test's own writes; requireNoWrites would prove nothing")

@@ -14,10 +14,12 @@
 //
 // Error semantics follow the kernel and are exposed as sentinels (ErrExist,
 // ErrNotFound, ErrBusy, ErrInvalid, ErrUnsupported) checked with errors.Is.
-// Writes that come in bursts also have batched forms (IPVS.Apply,
+// IPVS, ipset entry and address writes are batches only (IPVS.Apply,
 // IPSets.ApplyEntries, Links.ApplyAddresses): ops in order, each with its
-// single call's semantics, one error per op; the Linux implementation sends
-// many netlink requests per syscall.
+// kind's semantics, one error per op; the Linux implementation sends many
+// netlink requests per syscall. Besides them the interfaces write only to
+// create sets and the dummy device, and settings (timeouts, sysctls,
+// iptables-restore, conntrack deletion).
 // Value types have Normalize methods: reads return normalized values, so a
 // caller compares Normalize(desired) with what it reads.
 package kernel

@@ -213,18 +213,19 @@ func (e Entry) Format(t SetType) string {
 //   - CreateSet is idempotent like `ipset create -exist`: nil when a set
 //     with the same name and SameAs parameters exists, ErrExist when one
 //     with different parameters exists.
-//   - DestroySet / FlushSet / ListEntries of a missing set: ErrNotFound.
-//     DestroySet of a set referenced by iptables: ErrBusy.
-//   - AddEntry and DelEntry are idempotent like `ipset add/del -exist`:
-//     adding a present entry or deleting an absent one is nil (adding a
-//     present entry updates its comment). A missing set: ErrNotFound.
-//     set must describe the set as it exists (its type and family decide
-//     the encoding); at least Name, Type, Family and, for bitmap:port, the
-//     range must match.
-//   - ApplyEntries performs a batch of AddEntry/DelEntry in order, each
-//     with the semantics and errors of its single call, and returns one
-//     error per op (nil: done); a failed op does not stop the ones after
-//     it. The Linux implementation sends many ops per netlink round trip.
+//   - ListEntries of a missing set: ErrNotFound.
+//   - ApplyEntries performs a batch of entry adds and deletes in order and
+//     returns one error per op (nil: done); a failed op does not stop the
+//     ones after it. The Linux implementation sends many ops per netlink
+//     round trip. Adds and deletes are idempotent like `ipset add/del
+//     -exist`: adding a present entry or deleting an absent one is nil
+//     (adding a present entry updates its comment). A missing set:
+//     ErrNotFound. An op's Set must describe the set as it exists (its
+//     type and family decide the encoding); at least Name, Type, Family
+//     and, for bitmap:port, the range must match.
+//   - Sets are never destroyed or flushed by the agent: the interface has
+//     no such writes (the implementations' DestroySet and FlushSet serve
+//     tests and the contract suite's clean-up).
 //   - Reads return normalized values; ListSets sorted by name, ListEntries
 //     in no particular order.
 //   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
@@ -232,10 +233,6 @@ func (e Entry) Format(t SetType) string {
 //   - Safe for concurrent use.
 type IPSets interface {
 	CreateSet(set IPSet) error
-	DestroySet(name string) error
-	FlushSet(name string) error
-	AddEntry(set IPSet, e Entry) error
-	DelEntry(set IPSet, e Entry) error
 	ApplyEntries(ops []EntryOp) []error
 	ListSets() ([]IPSet, error)
 	ListEntries(name string) ([]Entry, error)
@@ -260,16 +257,16 @@ func (k EntryOpKind) String() string {
 }
 
 // EntryOp is one write of an IPSets.ApplyEntries batch: Entry added to or
-// deleted from Set (which, as for AddEntry and DelEntry, describes the set
-// as it exists). A batch may mix sets.
+// deleted from Set (which describes the set as it exists). A batch may mix
+// sets.
 type EntryOp struct {
 	Kind  EntryOpKind
 	Set   IPSet
 	Entry Entry
 }
 
-// Validate reports what the single call of op's kind would refuse as
-// ErrInvalid without calling the kernel (DelEntry ignores the comment).
+// Validate reports what ApplyEntries refuses as ErrInvalid without calling
+// the kernel (DelEntry ignores the comment).
 func (op EntryOp) Validate() error {
 	switch op.Kind {
 	case AddEntry:
@@ -280,24 +277,4 @@ func (op EntryOp) Validate() error {
 		return e.Validate(op.Set)
 	}
 	return fmt.Errorf("ipset: %v: %w", op.Kind, ErrInvalid)
-}
-
-// ApplyEntriesEach implements IPSets.ApplyEntries with one single call per
-// op, like ApplyEach for IPVS: for implementations without a batched path
-// and for wrappers that intercept AddEntry/DelEntry (a wrapper embedding an
-// IPSets must route ApplyEntries through its own methods, or the inner
-// ApplyEntries bypasses them).
-func ApplyEntriesEach(s IPSets, ops []EntryOp) []error {
-	errs := make([]error, len(ops))
-	for i, op := range ops {
-		switch op.Kind {
-		case AddEntry:
-			errs[i] = s.AddEntry(op.Set, op.Entry)
-		case DelEntry:
-			errs[i] = s.DelEntry(op.Set, op.Entry)
-		default:
-			errs[i] = op.Validate()
-		}
-	}
-	return errs
 }

@@ -246,18 +246,24 @@ func (t Timeouts) Validate() error {
 	return nil
 }
 
-// IPVS manages the IPVS table of one network namespace.
+// IPVS manages the IPVS table of one network namespace. Its writes are
+// batches (Apply); the agent has no other way to change the table.
 //
 // Contract (the contract suite checks each point against both the memory
 // and the Linux implementation):
 //   - Reads return normalized values (see VirtualServer.Normalize) sorted by
 //     key; ListDestinations sorted by (address, port).
-//   - AddVirtualServer of an existing key: ErrExist. Update/Delete/Get of a
-//     missing key: ErrNotFound. Add/Update with a scheduler the kernel does
-//     not have: ErrUnsupported. Deleting a server deletes its destinations.
+//   - Apply performs ops in order and returns one error per op (nil: done).
+//     AddVirtualServer of an existing key: ErrExist. Update/Delete of a
+//     missing key, and GetVirtualServer of one: ErrNotFound. Add/Update with
+//     a scheduler the kernel does not have: ErrUnsupported. Deleting a
+//     server deletes its destinations.
 //   - AddDestination to a missing server: ErrNotFound; of an existing
 //     destination: ErrExist. Update/Delete of a missing destination:
 //     ErrNotFound.
+//   - A failed op does not stop the ones after it; an op that depended on
+//     it fails by itself (a destination of a server whose add failed:
+//     ErrNotFound).
 //   - SetTimeouts: zero fields are left unchanged.
 //   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
 //     ErrInvalid, the kernel is not called.
@@ -265,25 +271,11 @@ func (t Timeouts) Validate() error {
 type IPVS interface {
 	ListVirtualServers() ([]VirtualServer, error)
 	GetVirtualServer(key VirtualServerKey) (VirtualServer, error)
-	AddVirtualServer(vs VirtualServer) error
-	// UpdateVirtualServer changes scheduler, flags, timeout and netmask of
-	// the server with vs.Key.
-	UpdateVirtualServer(vs VirtualServer) error
-	DeleteVirtualServer(key VirtualServerKey) error
-
 	ListDestinations(key VirtualServerKey) ([]Destination, error)
-	AddDestination(key VirtualServerKey, d Destination) error
-	// UpdateDestination changes weight and forward method.
-	UpdateDestination(key VirtualServerKey, d Destination) error
-	DeleteDestination(key VirtualServerKey, d DestinationKey) error
 
-	// Apply performs ops in order, each with the semantics and errors of
-	// the single call of its kind, and returns one error per op (nil: done).
-	// A failed op does not stop the ones after it; an op that depended on
-	// it fails by itself (a destination of a server whose add failed:
-	// ErrNotFound). The Linux implementation sends many ops per netlink
-	// round trip; that is the point of it (issue: one syscall per real
-	// server made bursts slow).
+	// Apply performs ops in order (see the contract above). The Linux
+	// implementation sends many ops per netlink round trip; that is the
+	// point of it (issue: one syscall per real server made bursts slow).
 	Apply(ops []IPVSOp) []error
 
 	SetTimeouts(t Timeouts) error
@@ -294,7 +286,9 @@ type IPVS interface {
 	Schedulers() ([]string, error)
 }
 
-// IPVSOpKind names the write an IPVSOp performs.
+// IPVSOpKind names the write an IPVSOp performs. UpdateVirtualServer
+// changes scheduler, flags, timeout and netmask; UpdateDestination weight
+// and forward method.
 type IPVSOpKind uint8
 
 const (
@@ -332,32 +326,4 @@ type IPVSOp struct {
 	Server VirtualServer
 	// Destination is used by the destination kinds (Delete: its key only).
 	Destination Destination
-}
-
-// ApplyEach implements IPVS.Apply with one single call per op: for
-// implementations without a batched path, and for wrappers that intercept
-// single calls (a wrapper embedding an IPVS must route Apply through its
-// own methods, or the inner Apply bypasses them).
-func ApplyEach(v IPVS, ops []IPVSOp) []error {
-	errs := make([]error, len(ops))
-	for i, op := range ops {
-		key := op.Server.Key
-		switch op.Kind {
-		case AddVirtualServer:
-			errs[i] = v.AddVirtualServer(op.Server)
-		case UpdateVirtualServer:
-			errs[i] = v.UpdateVirtualServer(op.Server)
-		case DeleteVirtualServer:
-			errs[i] = v.DeleteVirtualServer(key)
-		case AddDestination:
-			errs[i] = v.AddDestination(key, op.Destination)
-		case UpdateDestination:
-			errs[i] = v.UpdateDestination(key, op.Destination)
-		case DeleteDestination:
-			errs[i] = v.DeleteDestination(key, op.Destination.Key())
-		default:
-			errs[i] = fmt.Errorf("%v: %w", op.Kind, ErrInvalid)
-		}
-	}
-	return errs
 }

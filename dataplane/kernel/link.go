@@ -24,29 +24,25 @@ type InterfaceAddress struct {
 //   - EnsureDummy creates a dummy device, left down like kube-proxy does
 //     (IPVS only needs the addresses to be local); created is false when it
 //     already existed. A non-dummy device of that name: ErrExist.
-//   - DeleteDummy of a missing device is nil.
-//   - BindAddress adds addr as a host route (/32, /128) to dev; added is
-//     false when it was already bound (not an error). Missing dev:
-//     ErrNotFound.
-//   - UnbindAddress of an address not bound, or on a missing dev, is nil.
 //   - BoundAddresses lists the addresses on dev (sorted), excluding IPv6
 //     link-local ones the kernel adds itself; missing dev: ErrNotFound.
 //   - LocalAddresses lists every address of every interface (all
 //     families, including loopback and the dummy device), sorted by
 //     interface index then address.
 //   - ApplyAddresses performs a batch of binds and unbinds on dev in
-//     order, each with the semantics and errors of its single call (a bind
-//     of a bound address is nil, as BindAddress's added=false; binds to a
-//     missing dev are ErrNotFound, unbinds from it nil), and returns one
-//     error per op (nil: done); a failed op does not stop the ones after
-//     it. The Linux implementation sends many ops per netlink round trip.
+//     order and returns one error per op (nil: done); a failed op does not
+//     stop the ones after it. The Linux implementation sends many ops per
+//     netlink round trip. A bind adds the address as a host route (/32,
+//     /128); binding a bound address is nil; binds to a missing dev are
+//     ErrNotFound. An unbind of an address not bound, or on a missing dev,
+//     is nil.
+//   - The agent never deletes the dummy device: the interface has no such
+//     write (the implementations' DeleteDummy serves tests and the
+//     contract suite's clean-up).
 //   - Bad input (invalid or zoned address, empty name): ErrInvalid.
 //   - Safe for concurrent use.
 type Links interface {
 	EnsureDummy(name string) (created bool, err error)
-	DeleteDummy(name string) error
-	BindAddress(dev string, addr netip.Addr) (added bool, err error)
-	UnbindAddress(dev string, addr netip.Addr) error
 	ApplyAddresses(dev string, ops []AddressOp) []error
 	BoundAddresses(dev string) ([]netip.Addr, error)
 	LocalAddresses() ([]InterfaceAddress, error)
@@ -76,7 +72,7 @@ type AddressOp struct {
 	Addr netip.Addr
 }
 
-// Validate reports an op the single calls would refuse as ErrInvalid.
+// Validate reports an op ApplyAddresses refuses as ErrInvalid.
 func (op AddressOp) Validate() error {
 	if op.Kind != BindAddress && op.Kind != UnbindAddress {
 		return fmt.Errorf("links: %v: %w", op.Kind, ErrInvalid)
@@ -85,22 +81,4 @@ func (op AddressOp) Validate() error {
 		return fmt.Errorf("links: %v: %w", op.Kind, err)
 	}
 	return nil
-}
-
-// ApplyAddressesEach implements Links.ApplyAddresses with one single call
-// per op, like ApplyEach for IPVS: for implementations without a batched
-// path and for wrappers that intercept BindAddress/UnbindAddress.
-func ApplyAddressesEach(l Links, dev string, ops []AddressOp) []error {
-	errs := make([]error, len(ops))
-	for i, op := range ops {
-		switch op.Kind {
-		case BindAddress:
-			_, errs[i] = l.BindAddress(dev, op.Addr)
-		case UnbindAddress:
-			errs[i] = l.UnbindAddress(dev, op.Addr)
-		default:
-			errs[i] = op.Validate()
-		}
-	}
-	return errs
 }

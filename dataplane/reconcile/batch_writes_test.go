@@ -16,43 +16,23 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// batchSets records every ApplyEntries batch and counts the single
-// AddEntry/DelEntry calls the reconciler makes itself; failAdd is an entry
-// whose add fails (batched or single).
+// batchSets records every ApplyEntries batch; failAdd is an entry whose
+// add fails.
 type batchSets struct {
 	kernel.IPSets
 	batches [][]kernel.EntryOp
-	singles int
 	failAdd kernel.Entry
 }
 
-func (b *batchSets) add(set kernel.IPSet, e kernel.Entry) error {
-	if e == b.failAdd {
-		return fmt.Errorf("netlink: simulated ENOMEM")
-	}
-	return b.IPSets.AddEntry(set, e)
-}
-
-func (b *batchSets) AddEntry(set kernel.IPSet, e kernel.Entry) error {
-	b.singles++
-	return b.add(set, e)
-}
-
-func (b *batchSets) DelEntry(set kernel.IPSet, e kernel.Entry) error {
-	b.singles++
-	return b.IPSets.DelEntry(set, e)
-}
-
-// ApplyEntries goes through the fault, not through the counted singles.
 func (b *batchSets) ApplyEntries(ops []kernel.EntryOp) []error {
 	b.batches = append(b.batches, append([]kernel.EntryOp(nil), ops...))
 	errs := make([]error, len(ops))
 	for i, op := range ops {
-		if op.Kind == kernel.AddEntry {
-			errs[i] = b.add(op.Set, op.Entry)
-		} else {
-			errs[i] = b.IPSets.DelEntry(op.Set, op.Entry)
+		if op.Kind == kernel.AddEntry && op.Entry == b.failAdd {
+			errs[i] = fmt.Errorf("netlink: simulated ENOMEM")
+			continue
 		}
+		errs[i] = b.IPSets.ApplyEntries([]kernel.EntryOp{op})[0]
 	}
 	return errs
 }
@@ -62,36 +42,18 @@ func (b *batchSets) ApplyEntries(ops []kernel.EntryOp) []error {
 type batchLinks struct {
 	kernel.Links
 	batches  [][]kernel.AddressOp
-	singles  int
 	failBind netip.Addr
-}
-
-func (b *batchLinks) bind(dev string, a netip.Addr) (bool, error) {
-	if a == b.failBind {
-		return false, fmt.Errorf("netlink: simulated ENOMEM")
-	}
-	return b.Links.BindAddress(dev, a)
-}
-
-func (b *batchLinks) BindAddress(dev string, a netip.Addr) (bool, error) {
-	b.singles++
-	return b.bind(dev, a)
-}
-
-func (b *batchLinks) UnbindAddress(dev string, a netip.Addr) error {
-	b.singles++
-	return b.Links.UnbindAddress(dev, a)
 }
 
 func (b *batchLinks) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
 	b.batches = append(b.batches, append([]kernel.AddressOp(nil), ops...))
 	errs := make([]error, len(ops))
 	for i, op := range ops {
-		if op.Kind == kernel.BindAddress {
-			_, errs[i] = b.bind(dev, op.Addr)
-		} else {
-			errs[i] = b.Links.UnbindAddress(dev, op.Addr)
+		if op.Kind == kernel.BindAddress && op.Addr == b.failBind {
+			errs[i] = fmt.Errorf("netlink: simulated ENOMEM")
+			continue
 		}
+		errs[i] = b.Links.ApplyAddresses(dev, []kernel.AddressOp{op})[0]
 	}
 	return errs
 }
@@ -107,7 +69,7 @@ func newBatchedWrites(t *testing.T) (*memory.Kernel, *batchSets, *batchLinks, *R
 		t.Fatal(err)
 	}
 	mustAck(t, r.Apply(context.Background(), full(settingsRes(defaultNodeSettings()), svcA.resource())))
-	sets.batches, sets.singles, links.batches, links.singles = nil, 0, nil, 0
+	sets.batches, links.batches = nil, nil
 	return mk, sets, links, r
 }
 
@@ -129,12 +91,12 @@ func TestEntriesAndAddressesAreBatched(t *testing.T) {
 	ctx := context.Background()
 	ack := r.Apply(ctx, &vsplanev1.Delta{Nonce: "burst", Resources: burstServices(100)})
 	mustAck(t, ack)
-	if len(links.batches) != 1 || len(links.batches[0]) != 100 || links.singles != 0 {
-		t.Fatalf("addresses: %d batches (first of %d) and %d single calls, want 1 batch of 100 binds and none",
-			len(links.batches), len(links.batches[0]), links.singles)
+	if len(links.batches) != 1 || len(links.batches[0]) != 100 {
+		t.Fatalf("addresses: %d batches (first of %d), want 1 batch of 100 binds",
+			len(links.batches), len(links.batches[0]))
 	}
-	if len(sets.batches) != 1 || len(sets.batches[0]) != 200 || sets.singles != 0 {
-		t.Fatalf("entries: %d batches and %d single calls, want 1 batch of 200 adds and none", len(sets.batches), sets.singles)
+	if len(sets.batches) != 1 || len(sets.batches[0]) != 200 {
+		t.Fatalf("entries: %d batches, want 1 batch of 200 adds", len(sets.batches))
 	}
 	perSet := map[string]int{}
 	for _, op := range sets.batches[0] {
@@ -161,10 +123,9 @@ func TestEntriesAndAddressesAreBatched(t *testing.T) {
 		gone = append(gone, fmt.Sprintf("service/default/burst%d", i))
 	}
 	mustAck(t, r.Apply(ctx, &vsplanev1.Delta{Nonce: "gone", Removed: gone}))
-	if len(links.batches) != 1 || len(links.batches[0]) != 100 || len(sets.batches) != 1 || len(sets.batches[0]) != 200 ||
-		links.singles+sets.singles != 0 {
-		t.Fatalf("removal: %d address batches, %d entry batches, %d single calls; want one batch each (100, 200) and none",
-			len(links.batches), len(sets.batches), links.singles+sets.singles)
+	if len(links.batches) != 1 || len(links.batches[0]) != 100 || len(sets.batches) != 1 || len(sets.batches[0]) != 200 {
+		t.Fatalf("removal: %d address batches, %d entry batches; want one batch each (100, 200)",
+			len(links.batches), len(sets.batches))
 	}
 	st = readState(t, mk)
 	if d := cmp.Diff([]string{"198.18.0.10"}, st.Bound); d != "" {
@@ -204,8 +165,8 @@ func TestBatchedWriteFailureNamesOnlyItsOwner(t *testing.T) {
 	if m := got["service/default/bindbad"]; !strings.Contains(m, "bind 198.18.2.2 to kube-ipvs0") || !strings.Contains(m, "simulated ENOMEM") {
 		t.Errorf("bindbad: %q, want the failed bind", m)
 	}
-	if len(links.batches) != 1 || len(sets.batches) != 1 || links.singles+sets.singles != 0 {
-		t.Errorf("%d address batches, %d entry batches, %d single calls; want one each and none", len(links.batches), len(sets.batches), links.singles+sets.singles)
+	if len(links.batches) != 1 || len(sets.batches) != 1 {
+		t.Errorf("%d address batches, %d entry batches; want one each", len(links.batches), len(sets.batches))
 	}
 	st := readState(t, mk)
 	if d := cmp.Diff([]string{"198.18.0.10", "198.18.2.1", "198.18.2.3"}, st.Bound); d != "" {
@@ -235,7 +196,7 @@ func TestBatchedWriteFailureNamesOnlyItsOwner(t *testing.T) {
 // again as one more batch.
 func TestBatchedBindsRecreateDeletedDummyOnce(t *testing.T) {
 	mk, _, links, r := newBatchedWrites(t)
-	if err := mk.Kernel().Links.DeleteDummy(kernel.DummyDevice); err != nil {
+	if err := deleteDummy(mk.Kernel(), kernel.DummyDevice); err != nil {
 		t.Fatal(err)
 	}
 	ack := r.Apply(context.Background(), &vsplanev1.Delta{Nonce: "burst", Resources: burstServices(10)})

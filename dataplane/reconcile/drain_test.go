@@ -354,7 +354,7 @@ func TestFullReconcileLeavesDrainsAlone(t *testing.T) {
 
 	// Someone raises the draining weight: the repair is weight 0 again,
 	// the drain (and its start) kept.
-	if err := mk.Kernel().IPVS.UpdateDestination(vsA, kernel.Destination{Address: rsA2.Address, Port: rsA2.Port, Weight: 1}); err != nil {
+	if err := updateDest(mk.Kernel(), vsA, kernel.Destination{Address: rsA2.Address, Port: rsA2.Port, Weight: 1}); err != nil {
 		t.Fatal(err)
 	}
 	mk.ResetCalls()

@@ -207,4 +207,38 @@ func ops(m map[string]uint32) map[string]uint32 {
 	return m
 }
 
-var _ = netip.Addr{}
+// Drift: what someone else does to the kernel behind the agent's back,
+// written straight into the memory kernel, not through the reconciler
+// (callers pass mk.Kernel()). The kernel interfaces write only in batches:
+// these are one-op batches, and the memory kernel's test-only FlushSet and
+// DeleteDummy.
+
+func addVS(k kernel.Kernel, vs kernel.VirtualServer) error {
+	return k.IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.AddVirtualServer, Server: vs}})[0]
+}
+
+func deleteVS(k kernel.Kernel, key kernel.VirtualServerKey) error {
+	return k.IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.DeleteVirtualServer, Server: kernel.VirtualServer{Key: key}}})[0]
+}
+
+func updateDest(k kernel.Kernel, key kernel.VirtualServerKey, d kernel.Destination) error {
+	return k.IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.UpdateDestination, Server: kernel.VirtualServer{Key: key}, Destination: d}})[0]
+}
+
+func bindAddr(k kernel.Kernel, dev string, a netip.Addr) error {
+	return k.Links.ApplyAddresses(dev, []kernel.AddressOp{{Kind: kernel.BindAddress, Addr: a}})[0]
+}
+
+func unbindAddr(k kernel.Kernel, dev string, a netip.Addr) error {
+	return k.Links.ApplyAddresses(dev, []kernel.AddressOp{{Kind: kernel.UnbindAddress, Addr: a}})[0]
+}
+
+func delEntry(k kernel.Kernel, set kernel.IPSet, e kernel.Entry) error {
+	return k.IPSets.ApplyEntries([]kernel.EntryOp{{Kind: kernel.DelEntry, Set: set, Entry: e}})[0]
+}
+
+func flushSet(k kernel.Kernel, name string) error { return k.IPSets.(*memory.IPSets).FlushSet(name) }
+
+func deleteDummy(k kernel.Kernel, name string) error {
+	return k.Links.(*memory.Links).DeleteDummy(name)
+}

@@ -185,7 +185,7 @@ func TestInClusterStaleFWMarkServersPruned(t *testing.T) {
 	stale := kernel.VirtualServer{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x4abc), Scheduler: "rr"}
 	foreign := kernel.VirtualServer{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x10000), Scheduler: "rr"}
 	for _, vs := range []kernel.VirtualServer{stale, foreign} {
-		if err := k.IPVS.AddVirtualServer(vs); err != nil {
+		if err := addVS(k, vs); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -181,10 +181,10 @@ func TestIncrementalTrustsRecordFullPassRepairs(t *testing.T) {
 	mk, c, r := newCounted(t)
 	ctx := context.Background()
 	k := mk.Kernel()
-	if err := k.Links.UnbindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.10")); err != nil {
+	if err := unbindAddr(k, kernel.DummyDevice, netip.MustParseAddr("198.18.0.10")); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.IPSets.DelEntry(kernel.IPSet{Name: "KUBE-CLUSTER-IP", Type: kernel.HashIPPort, Family: kernel.FamilyIPv4},
+	if err := delEntry(k, kernel.IPSet{Name: "KUBE-CLUSTER-IP", Type: kernel.HashIPPort, Family: kernel.FamilyIPv4},
 		kernel.Entry{IP: netip.MustParseAddr("198.18.0.10"), Protocol: kernel.ProtocolTCP, Port: 80}); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestIncrementalTrustsRecordFullPassRepairs(t *testing.T) {
 // kube-ipvs0 deleted behind the record's back: the bind recreates it.
 func TestIncrementalRecreatesDeletedDummy(t *testing.T) {
 	mk, c, r := newCounted(t)
-	if err := mk.Kernel().Links.DeleteDummy(kernel.DummyDevice); err != nil {
+	if err := deleteDummy(mk.Kernel(), kernel.DummyDevice); err != nil {
 		t.Fatal(err)
 	}
 	svcC := tcp("c", "198.18.0.12", 443, be("198.19.1.7", 8443))

@@ -149,7 +149,7 @@ func TestNodePortFollowsInterfaceAddresses(t *testing.T) {
 	}
 
 	// An address removed: the periodic full reconcile notices it.
-	if err := mk.Kernel().Links.UnbindAddress("eth1", netip.MustParseAddr("198.19.0.21")); err != nil {
+	if err := unbindAddr(mk.Kernel(), "eth1", netip.MustParseAddr("198.19.0.21")); err != nil {
 		t.Fatal(err)
 	}
 	mk.ResetCalls()

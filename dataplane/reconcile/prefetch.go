@@ -16,7 +16,8 @@ import (
 // (kernelRead), and then compares and writes under it. A write made while
 // the tables were being read marks what it touched (writeTracker); the pass
 // reads those objects again under the lock. Every write goes through the
-// tracking wrappers below, so no writer can be forgotten.
+// tracking wrappers below, so no writer can be forgotten: the kernel
+// interfaces write only in batches, plus set and dummy creation.
 
 // kernelRead is what a full pass read of the kernel before taking the lock.
 // Absent entries (and nil maps) were not read, or are stale: the pass reads
@@ -171,36 +172,6 @@ type trackedIPVS struct {
 	t *writeTracker
 }
 
-func (v trackedIPVS) AddVirtualServer(vs kernel.VirtualServer) error {
-	defer v.t.vs(vs.Key)
-	return v.IPVS.AddVirtualServer(vs)
-}
-
-func (v trackedIPVS) UpdateVirtualServer(vs kernel.VirtualServer) error {
-	defer v.t.vs(vs.Key)
-	return v.IPVS.UpdateVirtualServer(vs)
-}
-
-func (v trackedIPVS) DeleteVirtualServer(key kernel.VirtualServerKey) error {
-	defer v.t.vs(key)
-	return v.IPVS.DeleteVirtualServer(key)
-}
-
-func (v trackedIPVS) AddDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
-	defer v.t.vs(key)
-	return v.IPVS.AddDestination(key, d)
-}
-
-func (v trackedIPVS) UpdateDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
-	defer v.t.vs(key)
-	return v.IPVS.UpdateDestination(key, d)
-}
-
-func (v trackedIPVS) DeleteDestination(key kernel.VirtualServerKey, d kernel.DestinationKey) error {
-	defer v.t.vs(key)
-	return v.IPVS.DeleteDestination(key, d)
-}
-
 func (v trackedIPVS) Apply(ops []kernel.IPVSOp) []error {
 	// Walk ops only while a read is under way: a batch is the hot path.
 	defer v.t.record(func(w *writesDuringRead) {
@@ -221,26 +192,6 @@ func (s trackedIPSets) CreateSet(set kernel.IPSet) error {
 	return s.IPSets.CreateSet(set)
 }
 
-func (s trackedIPSets) DestroySet(name string) error {
-	defer s.t.sets(name)
-	return s.IPSets.DestroySet(name)
-}
-
-func (s trackedIPSets) FlushSet(name string) error {
-	defer s.t.sets(name)
-	return s.IPSets.FlushSet(name)
-}
-
-func (s trackedIPSets) AddEntry(set kernel.IPSet, e kernel.Entry) error {
-	defer s.t.sets(set.Name)
-	return s.IPSets.AddEntry(set, e)
-}
-
-func (s trackedIPSets) DelEntry(set kernel.IPSet, e kernel.Entry) error {
-	defer s.t.sets(set.Name)
-	return s.IPSets.DelEntry(set, e)
-}
-
 func (s trackedIPSets) ApplyEntries(ops []kernel.EntryOp) []error {
 	defer s.t.record(func(w *writesDuringRead) {
 		for _, op := range ops {
@@ -258,21 +209,6 @@ type trackedLinks struct {
 func (l trackedLinks) EnsureDummy(name string) (bool, error) {
 	defer l.t.addresses()
 	return l.Links.EnsureDummy(name)
-}
-
-func (l trackedLinks) DeleteDummy(name string) error {
-	defer l.t.addresses()
-	return l.Links.DeleteDummy(name)
-}
-
-func (l trackedLinks) BindAddress(dev string, addr netip.Addr) (bool, error) {
-	defer l.t.addresses()
-	return l.Links.BindAddress(dev, addr)
-}
-
-func (l trackedLinks) UnbindAddress(dev string, addr netip.Addr) error {
-	defer l.t.addresses()
-	return l.Links.UnbindAddress(dev, addr)
 }
 
 func (l trackedLinks) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {

@@ -198,13 +198,13 @@ func TestFailStaticBeforeFirstDelta(t *testing.T) {
 	mk := memory.New()
 	k := mk.Kernel()
 	// Something a previous agent left: must survive until state arrives.
-	if err := k.IPVS.AddVirtualServer(kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("198.18.0.99"), kernel.ProtocolTCP, 80), Scheduler: "rr"}); err != nil {
+	if err := addVS(k, kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("198.18.0.99"), kernel.ProtocolTCP, 80), Scheduler: "rr"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := k.Links.EnsureDummy(kernel.DummyDevice); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.Links.BindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.99")); err != nil {
+	if err := bindAddr(k, kernel.DummyDevice, netip.MustParseAddr("198.18.0.99")); err != nil {
 		t.Fatal(err)
 	}
 	mk.ResetCalls()
@@ -237,16 +237,16 @@ func TestDriftRepaired(t *testing.T) {
 	ctx := context.Background()
 	keyA := kernel.AddrKey(netip.MustParseAddr("198.18.0.10"), kernel.ProtocolTCP, 80)
 	keyB := kernel.AddrKey(netip.MustParseAddr("198.18.0.11"), kernel.ProtocolUDP, 53)
-	if err := k.IPVS.DeleteVirtualServer(keyA); err != nil {
+	if err := deleteVS(k, keyA); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.IPVS.UpdateDestination(keyB, kernel.Destination{Address: netip.MustParseAddr("198.19.1.5"), Port: 5353, Weight: 7}); err != nil {
+	if err := updateDest(k, keyB, kernel.Destination{Address: netip.MustParseAddr("198.19.1.5"), Port: 5353, Weight: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.Links.UnbindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.11")); err != nil {
+	if err := unbindAddr(k, kernel.DummyDevice, netip.MustParseAddr("198.18.0.11")); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.IPSets.FlushSet("KUBE-CLUSTER-IP"); err != nil {
+	if err := flushSet(k, "KUBE-CLUSTER-IP"); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.IPTables.Restore(ctx, kernel.FamilyIPv4, []byte("*nat\n-F KUBE-MARK-MASQ\n-D PREROUTING 1\nCOMMIT\n")); err != nil {
@@ -276,7 +276,7 @@ func TestDriftRepaired(t *testing.T) {
 
 	// ipvsadm -C: everything gone, all back.
 	for _, key := range []kernel.VirtualServerKey{keyA, keyB} {
-		if err := k.IPVS.DeleteVirtualServer(key); err != nil {
+		if err := deleteVS(k, key); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -393,14 +393,14 @@ func TestExcludeCIDRsAndOwnership(t *testing.T) {
 	k := mk.Kernel()
 	add := func(addr string, bind bool) kernel.VirtualServerKey {
 		key := kernel.AddrKey(netip.MustParseAddr(addr), kernel.ProtocolTCP, 443)
-		if err := k.IPVS.AddVirtualServer(kernel.VirtualServer{Key: key, Scheduler: "rr"}); err != nil {
+		if err := addVS(k, kernel.VirtualServer{Key: key, Scheduler: "rr"}); err != nil {
 			t.Fatal(err)
 		}
 		if bind {
 			if _, err := k.Links.EnsureDummy(kernel.DummyDevice); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := k.Links.BindAddress(kernel.DummyDevice, key.Address); err != nil {
+			if err := bindAddr(k, kernel.DummyDevice, key.Address); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -626,11 +626,11 @@ func TestRunRepairsDriftPeriodically(t *testing.T) {
 		kernel.AddrKey(netip.MustParseAddr("198.18.0.10"), kernel.ProtocolTCP, 80),
 		kernel.AddrKey(netip.MustParseAddr("198.18.0.11"), kernel.ProtocolUDP, 53),
 	} {
-		if err := k.IPVS.DeleteVirtualServer(key); err != nil {
+		if err := deleteVS(k, key); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := k.Links.UnbindAddress(kernel.DummyDevice, netip.MustParseAddr("198.18.0.10")); err != nil {
+	if err := unbindAddr(k, kernel.DummyDevice, netip.MustParseAddr("198.18.0.10")); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

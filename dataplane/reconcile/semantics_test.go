@@ -161,7 +161,7 @@ func TestUnlessLocalFollowsInterfaces(t *testing.T) {
 		t.Errorf("KUBE-EXTERNAL-IP (-want +got):\n%s", d)
 	}
 	// The node loses the address: the next full reconcile binds it.
-	if err := mk.Kernel().Links.UnbindAddress("eth1", netip.MustParseAddr("198.19.0.21")); err != nil {
+	if err := unbindAddr(mk.Kernel(), "eth1", netip.MustParseAddr("198.19.0.21")); err != nil {
 		t.Fatal(err)
 	}
 	r.Reconcile(context.Background())

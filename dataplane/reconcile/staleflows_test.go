@@ -99,7 +99,7 @@ func TestStaleUDPFlowsDeleted(t *testing.T) {
 
 	// The periodic full reconcile sweeps every UDP server (other's stale
 	// entry goes now), drift repaired or not.
-	if err := mk.Kernel().IPVS.DeleteVirtualServer(kernel.VirtualServerKey{Family: kernel.FamilyIPv4,
+	if err := deleteVS(mk.Kernel(), kernel.VirtualServerKey{Family: kernel.FamilyIPv4,
 		Address: netip.MustParseAddr("198.18.0.20"), Protocol: kernel.ProtocolUDP, Port: 53}); err != nil {
 		t.Fatal(err)
 	}

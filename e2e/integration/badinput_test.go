@@ -141,7 +141,7 @@ func slicesOfKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// failFirstAdd is a kernel.IPVS whose first AddVirtualServer of key fails,
+// failFirstAdd is a kernel.IPVS whose first add of key's server fails,
 // like a netlink ENOMEM; everything else goes to the wrapped IPVS. Other
 // virtual servers (the apiserver's default/kubernetes, created in the
 // background) cannot use the fault up.
@@ -151,15 +151,17 @@ type failFirstAdd struct {
 	fired atomic.Bool
 }
 
-func (f *failFirstAdd) AddVirtualServer(vs kernel.VirtualServer) error {
-	if vs.Key.Normalize() == f.key && f.fired.CompareAndSwap(false, true) {
-		return errors.New("netlink: simulated ENOMEM")
+func (f *failFirstAdd) Apply(ops []kernel.IPVSOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		if op.Kind == kernel.AddVirtualServer && op.Server.Key.Normalize() == f.key && f.fired.CompareAndSwap(false, true) {
+			errs[i] = errors.New("netlink: simulated ENOMEM")
+			continue
+		}
+		errs[i] = f.IPVS.Apply([]kernel.IPVSOp{op})[0]
 	}
-	return f.IPVS.AddVirtualServer(vs)
+	return errs
 }
-
-// Apply goes through AddVirtualServer above, so batched adds meet the fault too.
-func (f *failFirstAdd) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(f, ops) }
 
 // TestTransientKernelErrorHeals: a kernel error NACKs a Service; the
 // agent's own retry applies it a moment later, and the control plane learns

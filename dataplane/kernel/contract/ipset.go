@@ -102,12 +102,12 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 			c.set.Name = uniqueName("VSPT-E-")
 			createSet(t, s, c.set)
 			for _, e := range c.entries {
-				must(t, s.AddEntry(c.set, e), fmt.Sprintf("add %s to %s", e.Format(c.set.Type), c.set.Type))
-				must(t, s.AddEntry(c.set, e), fmt.Sprintf("add %s to %s again (exist semantics)", e.Format(c.set.Type), c.set.Type))
+				must(t, addEntry(s, c.set, e), fmt.Sprintf("add %s to %s", e.Format(c.set.Type), c.set.Type))
+				must(t, addEntry(s, c.set, e), fmt.Sprintf("add %s to %s again (exist semantics)", e.Format(c.set.Type), c.set.Type))
 			}
 			wantEntries(t, s, c.set, c.entries)
-			must(t, s.DelEntry(c.set, c.entries[0]), "delete entry")
-			must(t, s.DelEntry(c.set, c.entries[0]), "delete absent entry (exist semantics)")
+			must(t, delEntry(s, c.set, c.entries[0]), "delete entry")
+			must(t, delEntry(s, c.set, c.entries[0]), "delete absent entry (exist semantics)")
 			wantEntries(t, s, c.set, c.entries[1:])
 		}
 	})
@@ -116,7 +116,7 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		s := newIPSets(t)
 		set := kernel.IPSet{Name: uniqueName("VSPT-MASK-"), Type: kernel.HashNet, Family: kernel.FamilyIPv4}
 		createSet(t, s, set)
-		must(t, s.AddEntry(set, kernel.Entry{Net: netip.MustParsePrefix("198.19.3.77/24")}), "add unmasked net")
+		must(t, addEntry(s, set, kernel.Entry{Net: netip.MustParsePrefix("198.19.3.77/24")}), "add unmasked net")
 		wantEntries(t, s, set, []kernel.Entry{{Net: netip.MustParsePrefix("198.19.3.0/24")}})
 	})
 
@@ -125,26 +125,26 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		set := kernel.IPSet{Name: uniqueName("VSPT-CMT-"), Type: kernel.HashIPPort, Family: kernel.FamilyIPv4, Comments: true}
 		createSet(t, s, set)
 		e := kernel.Entry{IP: testAddr4(), Protocol: kernel.ProtocolTCP, Port: 80, Comment: "ns/svc:http"}
-		must(t, s.AddEntry(set, e), "add with comment")
+		must(t, addEntry(s, set, e), "add with comment")
 		wantEntries(t, s, set, []kernel.Entry{e})
 		e.Comment = "ns/svc:https"
-		must(t, s.AddEntry(set, e), "re-add with other comment")
+		must(t, addEntry(s, set, e), "re-add with other comment")
 		wantEntries(t, s, set, []kernel.Entry{e})
 		plain := kernel.IPSet{Name: uniqueName("VSPT-NOCMT-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4}
 		createSet(t, s, plain)
-		wantErr(t, s.AddEntry(plain, kernel.Entry{IP: testAddr4(), Comment: "x"}), kernel.ErrInvalid, "comment on set without comments")
+		wantErr(t, addEntry(s, plain, kernel.Entry{IP: testAddr4(), Comment: "x"}), kernel.ErrInvalid, "comment on set without comments")
 	})
 
 	t.Run("MissingSet", func(t *testing.T) {
 		s := newIPSets(t)
 		name := uniqueName("VSPT-MISSING-")
-		wantErr(t, s.DestroySet(name), kernel.ErrNotFound, "destroy missing")
-		wantErr(t, s.FlushSet(name), kernel.ErrNotFound, "flush missing")
+		wantErr(t, destroySet(s, name), kernel.ErrNotFound, "destroy missing")
+		wantErr(t, flushSet(s, name), kernel.ErrNotFound, "flush missing")
 		_, err := s.ListEntries(name)
 		wantErr(t, err, kernel.ErrNotFound, "list missing")
 		set := kernel.IPSet{Name: name, Type: kernel.HashIP, Family: kernel.FamilyIPv4}
-		wantErr(t, s.AddEntry(set, kernel.Entry{IP: testAddr4()}), kernel.ErrNotFound, "add to missing")
-		wantErr(t, s.DelEntry(set, kernel.Entry{IP: testAddr4()}), kernel.ErrNotFound, "del from missing")
+		wantErr(t, addEntry(s, set, kernel.Entry{IP: testAddr4()}), kernel.ErrNotFound, "add to missing")
+		wantErr(t, delEntry(s, set, kernel.Entry{IP: testAddr4()}), kernel.ErrNotFound, "del from missing")
 	})
 
 	t.Run("FlushAndDestroy", func(t *testing.T) {
@@ -152,11 +152,11 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		set := kernel.IPSet{Name: uniqueName("VSPT-FL-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4}
 		must(t, s.CreateSet(set), "create")
 		for range 10 {
-			must(t, s.AddEntry(set, kernel.Entry{IP: testAddr4()}), "add")
+			must(t, addEntry(s, set, kernel.Entry{IP: testAddr4()}), "add")
 		}
-		must(t, s.FlushSet(set.Name), "flush")
+		must(t, flushSet(s, set.Name), "flush")
 		wantEntries(t, s, set, nil)
-		must(t, s.DestroySet(set.Name), "destroy")
+		must(t, destroySet(s, set.Name), "destroy")
 		list, err := s.ListSets()
 		must(t, err, "list")
 		if slices.ContainsFunc(list, func(x kernel.IPSet) bool { return x.Name == set.Name }) {
@@ -169,10 +169,10 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		set := kernel.IPSet{Name: uniqueName("VSPT-MAX-"), Type: kernel.HashIP, Family: kernel.FamilyIPv4, MaxElem: 2}
 		createSet(t, s, set)
 		a, b := testAddr4(), testAddr4()
-		must(t, s.AddEntry(set, kernel.Entry{IP: a}), "add 1")
-		must(t, s.AddEntry(set, kernel.Entry{IP: b}), "add 2")
-		must(t, s.AddEntry(set, kernel.Entry{IP: a}), "re-add 1 to a full set")
-		if err := s.AddEntry(set, kernel.Entry{IP: testAddr4()}); err == nil {
+		must(t, addEntry(s, set, kernel.Entry{IP: a}), "add 1")
+		must(t, addEntry(s, set, kernel.Entry{IP: b}), "add 2")
+		must(t, addEntry(s, set, kernel.Entry{IP: a}), "re-add 1 to a full set")
+		if err := addEntry(s, set, kernel.Entry{IP: testAddr4()}); err == nil {
 			t.Errorf("add beyond maxelem 2 succeeded")
 		}
 		wantEntries(t, s, set, []kernel.Entry{{IP: a}, {IP: b}})
@@ -208,7 +208,7 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 			{set, kernel.Entry{IP: testAddr4(), Protocol: kernel.ProtocolTCP, Port: 1, Net: netip.MustParsePrefix("198.19.0.0/24")}},
 			{set6, kernel.Entry{IP: testAddr6().WithZone("eth0"), Protocol: kernel.ProtocolTCP, Port: 80}}, // IPv6 zone
 		} {
-			wantErr(t, s.AddEntry(c.set, c.e), kernel.ErrInvalid, fmt.Sprintf("add %+v to %s", c.e, c.set.Type))
+			wantErr(t, addEntry(s, c.set, c.e), kernel.ErrInvalid, fmt.Sprintf("add %+v to %s", c.e, c.set.Type))
 		}
 		wantEntries(t, s, set, nil)
 		wantEntries(t, s, bm, nil)
@@ -222,7 +222,7 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		var want []kernel.Entry
 		for i := range 2000 {
 			e := kernel.Entry{IP: netip.AddrFrom4([4]byte{198, 18, 64 + byte(i>>8), byte(i)}), Protocol: kernel.ProtocolTCP, Port: uint16(1000 + i%7)}
-			must(t, s.AddEntry(set, e), "add")
+			must(t, addEntry(s, set, e), "add")
 			want = append(want, e)
 		}
 		wantEntries(t, s, set, want)
@@ -377,9 +377,9 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 		wantEntries(t, s, set, nil)
 		wantEntries(t, s, plain, nil)
 		wantEntries(t, s, set6, nil)
-		// A comment on a delete is ignored, as DelEntry ignores it.
+		// A comment on a delete is ignored.
 		e := kernel.Entry{IP: testAddr4()}
-		must(t, s.AddEntry(plain, e), "add")
+		must(t, addEntry(s, plain, e), "add")
 		del := kernel.Entry{IP: e.IP, Comment: "ignored"}
 		for _, err := range s.ApplyEntries([]kernel.EntryOp{{Kind: kernel.DelEntry, Set: plain, Entry: del}}) {
 			must(t, err, "delete with a comment from a set without comments")
@@ -402,7 +402,7 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 				defer wg.Done()
 				for range each {
 					e := kernel.Entry{IP: testAddr4()}
-					if err := s.AddEntry(set, e); err != nil {
+					if err := addEntry(s, set, e); err != nil {
 						errs <- err
 						continue
 					}
@@ -428,7 +428,7 @@ func RunIPSets(t *testing.T, newIPSets func(t *testing.T) kernel.IPSets) {
 func createSet(t *testing.T, s kernel.IPSets, set kernel.IPSet) {
 	t.Helper()
 	must(t, s.CreateSet(set), fmt.Sprintf("create %+v", set))
-	t.Cleanup(func() { _ = s.DestroySet(set.Name) })
+	t.Cleanup(func() { _ = destroySet(s, set.Name) })
 }
 
 func wantEntries(t *testing.T, s kernel.IPSets, set kernel.IPSet, want []kernel.Entry) {

@@ -289,8 +289,8 @@ func RunIPSetsWithIPTables(t *testing.T, newKernel func(t *testing.T) kernel.Ker
 		createSet(t, k.IPSets, set)
 		f.mustRestore("*filter", ":"+c[0]+" - [0:0]", "-A "+c[0]+" "+rule, "COMMIT")
 		f.wantChain(kernel.TableFilter, c[0], true, rule)
-		wantErr(t, k.IPSets.DestroySet(set.Name), kernel.ErrBusy, "destroy set used by a rule")
+		wantErr(t, destroySet(k.IPSets, set.Name), kernel.ErrBusy, "destroy set used by a rule")
 		f.mustRestore("*filter", ":"+c[0]+" - [0:0]", "COMMIT")
-		must(t, k.IPSets.DestroySet(set.Name), "destroy set after the rule is gone")
+		must(t, destroySet(k.IPSets, set.Name), "destroy set after the rule is gone")
 	})
 }

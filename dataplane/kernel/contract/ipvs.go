@@ -63,7 +63,7 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
 		addVS(t, v, vs)
 		vs.Scheduler = "wrr"
-		wantErr(t, v.AddVirtualServer(vs), kernel.ErrExist, "second add")
+		wantErr(t, addServer(v, vs), kernel.ErrExist, "second add")
 		got, err := v.GetVirtualServer(vs.Key)
 		must(t, err, "get")
 		if got.Scheduler != "rr" {
@@ -76,14 +76,14 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
 		addVS(t, v, vs)
 		vs.Scheduler, vs.Flags, vs.Timeout = "wrr", kernel.FlagPersistent, 10800
-		must(t, v.UpdateVirtualServer(vs), "update")
+		must(t, updateVS(v, vs), "update")
 		got, err := v.GetVirtualServer(vs.Key)
 		must(t, err, "get")
 		if got != vs.Normalize() {
 			t.Errorf("after update got %+v, want %+v", got, vs.Normalize())
 		}
 		vs.Scheduler, vs.Flags, vs.Timeout = "mh", kernel.FlagMHPort|kernel.FlagMHFallback, 0
-		must(t, v.UpdateVirtualServer(vs), "update to mh")
+		must(t, updateVS(v, vs), "update to mh")
 		got, err = v.GetVirtualServer(vs.Key)
 		must(t, err, "get")
 		if got != vs.Normalize() {
@@ -96,23 +96,23 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		key := kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80)
 		_, err := v.GetVirtualServer(key)
 		wantErr(t, err, kernel.ErrNotFound, "get missing")
-		wantErr(t, v.UpdateVirtualServer(kernel.VirtualServer{Key: key, Scheduler: "rr"}), kernel.ErrNotFound, "update missing")
-		wantErr(t, v.DeleteVirtualServer(key), kernel.ErrNotFound, "delete missing")
+		wantErr(t, updateVS(v, kernel.VirtualServer{Key: key, Scheduler: "rr"}), kernel.ErrNotFound, "update missing")
+		wantErr(t, deleteVS(v, key), kernel.ErrNotFound, "delete missing")
 		_, err = v.ListDestinations(key)
 		wantErr(t, err, kernel.ErrNotFound, "list destinations of missing")
 		d := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 1}
-		wantErr(t, v.AddDestination(key, d), kernel.ErrNotFound, "add destination to missing")
-		wantErr(t, v.DeleteVirtualServer(kernel.FWMarkKey(kernel.FamilyIPv4, 0x7e000000+next())), kernel.ErrNotFound, "delete missing fwmark")
+		wantErr(t, addDest(v, key, d), kernel.ErrNotFound, "add destination to missing")
+		wantErr(t, deleteVS(v, kernel.FWMarkKey(kernel.FamilyIPv4, 0x7e000000+next())), kernel.ErrNotFound, "delete missing fwmark")
 	})
 
 	t.Run("UnknownSchedulerIsErrUnsupported", func(t *testing.T) {
 		v := newIPVS(t)
 		vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "nosuchsched"}
-		wantErr(t, v.AddVirtualServer(vs), kernel.ErrUnsupported, "add with unknown scheduler")
+		wantErr(t, addServer(v, vs), kernel.ErrUnsupported, "add with unknown scheduler")
 		vs.Scheduler = "rr"
 		addVS(t, v, vs)
 		vs.Scheduler = "nosuchsched"
-		wantErr(t, v.UpdateVirtualServer(vs), kernel.ErrUnsupported, "update to unknown scheduler")
+		wantErr(t, updateVS(v, vs), kernel.ErrUnsupported, "update to unknown scheduler")
 	})
 
 	t.Run("Destinations", func(t *testing.T) {
@@ -123,25 +123,25 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		d2 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 3}
 		d3 := kernel.Destination{Address: d1.Address, Port: 8081, Weight: 0}
 		for _, d := range []kernel.Destination{d2, d1, d3} {
-			must(t, v.AddDestination(vs.Key, d), "add "+d.Key().String())
+			must(t, addDest(v, vs.Key, d), "add "+d.Key().String())
 		}
 		wantDests(t, v, vs.Key, []kernel.Destination{d1, d3, d2})
-		wantErr(t, v.AddDestination(vs.Key, d1), kernel.ErrExist, "add existing destination")
+		wantErr(t, addDest(v, vs.Key, d1), kernel.ErrExist, "add existing destination")
 
 		d1.Weight = 0
-		must(t, v.UpdateDestination(vs.Key, d1), "update weight to 0")
+		must(t, updateDest(v, vs.Key, d1), "update weight to 0")
 		d3.Weight = 7
-		must(t, v.UpdateDestination(vs.Key, d3), "update weight to 7")
+		must(t, updateDest(v, vs.Key, d3), "update weight to 7")
 		wantDests(t, v, vs.Key, []kernel.Destination{d1, d3, d2})
 
 		missing := kernel.Destination{Address: testAddr4(), Port: 1, Weight: 1}
-		wantErr(t, v.UpdateDestination(vs.Key, missing), kernel.ErrNotFound, "update missing destination")
-		wantErr(t, v.DeleteDestination(vs.Key, missing.Key()), kernel.ErrNotFound, "delete missing destination")
+		wantErr(t, updateDest(v, vs.Key, missing), kernel.ErrNotFound, "update missing destination")
+		wantErr(t, deleteDest(v, vs.Key, missing.Key()), kernel.ErrNotFound, "delete missing destination")
 
-		must(t, v.DeleteDestination(vs.Key, d2.Key()), "delete destination")
+		must(t, deleteDest(v, vs.Key, d2.Key()), "delete destination")
 		wantDests(t, v, vs.Key, []kernel.Destination{d1, d3})
 
-		must(t, v.DeleteVirtualServer(vs.Key), "delete server with destinations")
+		must(t, deleteVS(v, vs.Key), "delete server with destinations")
 		_, err := v.ListDestinations(vs.Key)
 		wantErr(t, err, kernel.ErrNotFound, "destinations of deleted server")
 		// Re-adding starts empty: the destinations went with the server.
@@ -154,13 +154,13 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		vs6 := kernel.VirtualServer{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolUDP, 53), Scheduler: "rr"}
 		addVS(t, v, vs6)
 		d6 := kernel.Destination{Address: testAddr6(), Port: 5353, Weight: 2}
-		must(t, v.AddDestination(vs6.Key, d6), "add v6 destination")
+		must(t, addDest(v, vs6.Key, d6), "add v6 destination")
 		wantDests(t, v, vs6.Key, []kernel.Destination{d6})
 
 		fw := kernel.VirtualServer{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x7d000000+next()), Scheduler: "rr"}
 		addVS(t, v, fw)
 		dfw := kernel.Destination{Address: testAddr4(), Port: 0, Weight: 1}
-		must(t, v.AddDestination(fw.Key, dfw), "add fwmark destination")
+		must(t, addDest(v, fw.Key, dfw), "add fwmark destination")
 		wantDests(t, v, fw.Key, []kernel.Destination{dfw})
 	})
 
@@ -172,7 +172,7 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		v6 := kernel.VirtualServer{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolUDP, 53), Scheduler: "wrr",
 			Flags: kernel.FlagPersistent, Timeout: 30, Netmask: 64}
 		for _, vs := range []kernel.VirtualServer{a, fw, v6} {
-			t.Cleanup(func() { _ = v.DeleteVirtualServer(vs.Key) })
+			t.Cleanup(func() { _ = deleteVS(v, vs.Key) })
 		}
 		d1 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 1}
 		d2 := kernel.Destination{Address: testAddr4(), Port: 8080, Weight: 2}
@@ -303,14 +303,14 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 			{Key: kernel.AddrKey(testAddr6().WithZone("eth0"), kernel.ProtocolTCP, 80), Scheduler: "rr"},
 		}
 		for i, vs := range bad {
-			wantErr(t, v.AddVirtualServer(vs), kernel.ErrInvalid, fmt.Sprintf("bad server %d %+v", i, vs))
+			wantErr(t, addServer(v, vs), kernel.ErrInvalid, fmt.Sprintf("bad server %d %+v", i, vs))
 		}
 		addVS(t, v, kernel.VirtualServer{Key: key, Scheduler: "rr"})
-		wantErr(t, v.AddDestination(key, kernel.Destination{Address: testAddr6(), Port: 80, Weight: 1}), kernel.ErrInvalid, "v6 destination on v4 server")
-		wantErr(t, v.AddDestination(key, kernel.Destination{Address: testAddr4(), Port: 80, Weight: -1}), kernel.ErrInvalid, "negative weight")
+		wantErr(t, addDest(v, key, kernel.Destination{Address: testAddr6(), Port: 80, Weight: 1}), kernel.ErrInvalid, "v6 destination on v4 server")
+		wantErr(t, addDest(v, key, kernel.Destination{Address: testAddr4(), Port: 80, Weight: -1}), kernel.ErrInvalid, "negative weight")
 		key6 := kernel.AddrKey(testAddr6(), kernel.ProtocolTCP, 80)
 		addVS(t, v, kernel.VirtualServer{Key: key6, Scheduler: "rr"})
-		wantErr(t, v.AddDestination(key6, kernel.Destination{Address: testAddr6().WithZone("eth0"), Port: 80, Weight: 1}), kernel.ErrInvalid, "zoned destination")
+		wantErr(t, addDest(v, key6, kernel.Destination{Address: testAddr6().WithZone("eth0"), Port: 80, Weight: 1}), kernel.ErrInvalid, "zoned destination")
 		wantDests(t, v, key6, nil)
 		wantDests(t, v, key, nil)
 	})
@@ -333,7 +333,7 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 		}
 		t.Cleanup(func() {
 			for _, k := range keys {
-				_ = v.DeleteVirtualServer(k)
+				_ = deleteVS(v, k)
 			}
 		})
 		var wg sync.WaitGroup
@@ -343,11 +343,11 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 			go func() {
 				defer wg.Done()
 				for _, k := range keys[w*each : (w+1)*each] {
-					if err := v.AddVirtualServer(kernel.VirtualServer{Key: k, Scheduler: "rr"}); err != nil {
+					if err := addServer(v, kernel.VirtualServer{Key: k, Scheduler: "rr"}); err != nil {
 						errs <- err
 						continue
 					}
-					if err := v.AddDestination(k, kernel.Destination{Address: k.Address.Next(), Port: 8080, Weight: 1}); err != nil {
+					if err := addDest(v, k, kernel.Destination{Address: k.Address.Next(), Port: 8080, Weight: 1}); err != nil {
 						errs <- err
 					}
 					if _, err := v.ListVirtualServers(); err != nil {
@@ -373,8 +373,8 @@ func RunIPVS(t *testing.T, newIPVS func(t *testing.T) kernel.IPVS) {
 // addVS adds vs and deletes it when the test ends.
 func addVS(t *testing.T, v kernel.IPVS, vs kernel.VirtualServer) {
 	t.Helper()
-	must(t, v.AddVirtualServer(vs), "add "+vs.Key.String())
-	t.Cleanup(func() { _ = v.DeleteVirtualServer(vs.Key) })
+	must(t, addServer(v, vs), "add "+vs.Key.String())
+	t.Cleanup(func() { _ = deleteVS(v, vs.Key) })
 }
 
 func wantDests(t *testing.T, v kernel.IPVS, key kernel.VirtualServerKey, want []kernel.Destination) {

@@ -16,7 +16,7 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		dev := uniqueName("vspt")
 		created, err := l.EnsureDummy(dev)
 		must(t, err, "ensure dummy")
-		t.Cleanup(func() { _ = l.DeleteDummy(dev) })
+		t.Cleanup(func() { _ = deleteDummy(l, dev) })
 		if !created {
 			t.Errorf("first EnsureDummy reported created=false")
 		}
@@ -30,8 +30,8 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		if len(addrs) != 0 {
 			t.Errorf("new dummy has addresses %v", addrs)
 		}
-		must(t, l.DeleteDummy(dev), "delete dummy")
-		must(t, l.DeleteDummy(dev), "delete missing dummy")
+		must(t, deleteDummy(l, dev), "delete dummy")
+		must(t, deleteDummy(l, dev), "delete missing dummy")
 		_, err = l.BoundAddresses(dev)
 		wantErr(t, err, kernel.ErrNotFound, "bound addresses of deleted dummy")
 	})
@@ -41,16 +41,8 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		dev := ensureDummy(t, l)
 		a4, b4, a6 := testAddr4(), testAddr4(), testAddr6()
 		for _, a := range []netip.Addr{a4, b4, a6} {
-			added, err := l.BindAddress(dev, a)
-			must(t, err, "bind "+a.String())
-			if !added {
-				t.Errorf("first bind of %v reported added=false", a)
-			}
-			added, err = l.BindAddress(dev, a)
-			must(t, err, "bind twice "+a.String())
-			if added {
-				t.Errorf("second bind of %v reported added=true", a)
-			}
+			must(t, bind(l, dev, a), "bind "+a.String())
+			must(t, bind(l, dev, a), "bind twice "+a.String())
 		}
 		want := []netip.Addr{a4, b4, a6}
 		slices.SortFunc(want, netip.Addr.Compare)
@@ -67,20 +59,19 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 			}
 		}
 
-		must(t, l.UnbindAddress(dev, b4), "unbind")
-		must(t, l.UnbindAddress(dev, b4), "unbind again")
-		must(t, l.UnbindAddress(dev, testAddr4()), "unbind never-bound address")
-		must(t, l.UnbindAddress(dev, a6), "unbind v6")
+		must(t, unbind(l, dev, b4), "unbind")
+		must(t, unbind(l, dev, b4), "unbind again")
+		must(t, unbind(l, dev, testAddr4()), "unbind never-bound address")
+		must(t, unbind(l, dev, a6), "unbind v6")
 		wantBound(t, l, dev, []netip.Addr{a4})
 	})
 
 	t.Run("MissingDevice", func(t *testing.T) {
 		l := newLinks(t)
 		dev := uniqueName("vsptno")
-		_, err := l.BindAddress(dev, testAddr4())
-		wantErr(t, err, kernel.ErrNotFound, "bind to missing device")
-		must(t, l.UnbindAddress(dev, testAddr4()), "unbind from missing device")
-		_, err = l.BoundAddresses(dev)
+		wantErr(t, bind(l, dev, testAddr4()), kernel.ErrNotFound, "bind to missing device")
+		must(t, unbind(l, dev, testAddr4()), "unbind from missing device")
+		_, err := l.BoundAddresses(dev)
 		wantErr(t, err, kernel.ErrNotFound, "addresses of missing device")
 	})
 
@@ -91,11 +82,9 @@ func RunLinks(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		_, err = l.EnsureDummy("name-longer-than-15")
 		wantErr(t, err, kernel.ErrInvalid, "long name")
 		dev := ensureDummy(t, l)
-		_, err = l.BindAddress(dev, netip.Addr{})
-		wantErr(t, err, kernel.ErrInvalid, "bind zero address")
-		_, err = l.BindAddress(dev, testAddr6().WithZone("eth0"))
-		wantErr(t, err, kernel.ErrInvalid, "bind zoned address")
-		wantErr(t, l.UnbindAddress(dev, testAddr6().WithZone("eth0")), kernel.ErrInvalid, "unbind zoned address")
+		wantErr(t, bind(l, dev, netip.Addr{}), kernel.ErrInvalid, "bind zero address")
+		wantErr(t, bind(l, dev, testAddr6().WithZone("eth0")), kernel.ErrInvalid, "bind zoned address")
+		wantErr(t, unbind(l, dev, testAddr6().WithZone("eth0")), kernel.ErrInvalid, "unbind zoned address")
 	})
 
 	runLinksBatch(t, newLinks)
@@ -131,7 +120,7 @@ func runLinksBatch(t *testing.T, newLinks func(t *testing.T) kernel.Links) {
 		apply(t, l, dev, []kernel.AddressOp{
 			bind(a4),
 			bind(b4),
-			bind(a4),           // 2: already bound (BindAddress: added=false)
+			bind(a4),           // 2: already bound
 			bind(netip.Addr{}), // 3: no address
 			bind(a6),
 			bind(b6),
@@ -202,7 +191,7 @@ func ensureDummy(t *testing.T, l kernel.Links) string {
 	dev := uniqueName("vspt")
 	_, err := l.EnsureDummy(dev)
 	must(t, err, "ensure dummy "+dev)
-	t.Cleanup(func() { _ = l.DeleteDummy(dev) })
+	t.Cleanup(func() { _ = deleteDummy(l, dev) })
 	return dev
 }
 

@@ -39,13 +39,11 @@ func TestLinksOnVeth(t *testing.T) {
 
 	a4, a6 := netip.MustParseAddr("198.18.250.1"), netip.MustParseAddr("2001:2:0:fa::1")
 	for _, a := range []netip.Addr{a4, a6} {
-		added, err := l.BindAddress("vspt-veth0", a)
-		if err != nil || !added {
-			t.Fatalf("bind %v: added=%v err=%v", a, added, err)
+		if err := bind(l, "vspt-veth0", a); err != nil {
+			t.Fatalf("bind %v: %v", a, err)
 		}
-		added, err = l.BindAddress("vspt-veth0", a)
-		if err != nil || added {
-			t.Fatalf("bind %v again: added=%v err=%v", a, added, err)
+		if err := bind(l, "vspt-veth0", a); err != nil {
+			t.Fatalf("bind %v again: %v", a, err)
 		}
 	}
 	got, err := l.BoundAddresses("vspt-veth0")
@@ -71,10 +69,10 @@ func TestLinksOnVeth(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range []netip.Addr{a4, a6, netip.MustParseAddr("198.18.251.7")} {
-		if err := l.UnbindAddress("vspt-veth0", a); err != nil {
+		if err := unbind(l, "vspt-veth0", a); err != nil {
 			t.Errorf("unbind %v: %v", a, err)
 		}
-		if err := l.UnbindAddress("vspt-veth0", a); err != nil {
+		if err := unbind(l, "vspt-veth0", a); err != nil {
 			t.Errorf("unbind %v again: %v", a, err)
 		}
 	}
@@ -188,4 +186,13 @@ func TestApplyAddressesOnVeth(t *testing.T) {
 			t.Errorf("op %d after a failed exchange: got %v, want an outcome-unknown error", i, err)
 		}
 	}
+}
+
+// bind and unbind are one-op batches (kernel.Links writes only in batches).
+func bind(l kernel.Links, dev string, a netip.Addr) error {
+	return l.ApplyAddresses(dev, []kernel.AddressOp{{Kind: kernel.BindAddress, Addr: a}})[0]
+}
+
+func unbind(l kernel.Links, dev string, a netip.Addr) error {
+	return l.ApplyAddresses(dev, []kernel.AddressOp{{Kind: kernel.UnbindAddress, Addr: a}})[0]
 }

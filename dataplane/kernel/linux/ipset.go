@@ -225,21 +225,15 @@ func (h *IPSets) nameOnly(cmd int, what, name string) error {
 	return nil
 }
 
+// DestroySet destroys a set: for tests and the contract suite's clean-up
+// (see contract.SetCleaner); the agent never destroys a set.
 func (h *IPSets) DestroySet(name string) error {
 	return h.nameOnly(nl.IPSET_CMD_DESTROY, "destroy", name)
 }
 
+// FlushSet deletes every entry of a set, like DestroySet for tests only.
 func (h *IPSets) FlushSet(name string) error {
 	return h.nameOnly(nl.IPSET_CMD_FLUSH, "flush", name)
-}
-
-// adtRequest is the request adding (IPSET_CMD_ADD) or deleting e (valid,
-// normalized) in set. No NLM_F_EXCL: add of a present / del of an absent
-// entry is fine (ipset's -exist, what kube-proxy uses).
-func adtRequest(cmd int, flags int, set kernel.IPSet, e kernel.Entry) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), flags)
-	req.AddRawData(appendADT(nil, cmd, set, e))
-	return req
 }
 
 // adtOp is the command and wording of an entry write.
@@ -263,31 +257,8 @@ func adtEntry(op kernel.EntryOp) kernel.Entry {
 	return e
 }
 
-func (h *IPSets) adt(op kernel.EntryOp) error {
-	if err := op.Validate(); err != nil {
-		return err
-	}
-	e := adtEntry(op)
-	cmd, what := adtOp(op.Kind)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, err := h.exec(adtRequest(cmd, unix.NLM_F_ACK, op.Set, e)); err != nil {
-		return ipsetError(adtWhat(what, op.Set, e), err)
-	}
-	return nil
-}
-
-func (h *IPSets) AddEntry(set kernel.IPSet, e kernel.Entry) error {
-	return h.adt(kernel.EntryOp{Kind: kernel.AddEntry, Set: set, Entry: e})
-}
-
-func (h *IPSets) DelEntry(set kernel.IPSet, e kernel.Entry) error {
-	return h.adt(kernel.EntryOp{Kind: kernel.DelEntry, Set: set, Entry: e})
-}
-
 // ApplyEntries sends ops in batches of many netlink requests per syscall
-// (see kernel.IPSets.ApplyEntries and nlBatch), each built and its error
-// mapped exactly like the single call's.
+// (see kernel.IPSets.ApplyEntries and nlBatch).
 func (h *IPSets) ApplyEntries(ops []kernel.EntryOp) []error {
 	errs := make([]error, len(ops))
 	valid := validOps(ops, kernel.EntryOp.Validate, errs)

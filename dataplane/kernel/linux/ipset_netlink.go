@@ -122,8 +122,7 @@ func decodeIPAttr(v []byte) (netip.Addr, error) {
 }
 
 // appendADT appends the payload (nfgenmsg and attributes) of the request
-// adding or deleting e in set to buf; adtRequest and the batched path
-// both send it.
+// adding or deleting e in set to buf; ApplyEntries sends it.
 func appendADT(buf []byte, cmd int, set kernel.IPSet, e kernel.Entry) []byte {
 	buf = append(buf, unix.AF_INET, nl.NFNETLINK_V0, 0, 0) // nfgenmsg: family, version, res_id
 	buf = nlaU8(buf, nl.IPSET_ATTR_PROTOCOL, ipsetProtocol)

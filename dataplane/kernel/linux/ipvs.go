@@ -27,12 +27,13 @@ type IPVSOptions struct {
 	Logger      *zap.Logger
 }
 
-// IPVS drives the kernel's IPVS table through moby/ipvs. moby handles are
-// not goroutine-safe, so every call holds mu.
+// IPVS reads the kernel's IPVS table and sets its timeouts through
+// moby/ipvs, and writes it in batches on its own socket (ipvs_batch.go).
+// moby handles are not goroutine-safe, so every call holds mu.
 type IPVS struct {
 	mu sync.Mutex
 	h  *ipvs.Handle
-	// batch carries Apply: many writes per syscall (moby sends one).
+	// batch carries Apply: many writes per syscall.
 	batch *ipvsBatcher
 	opts  IPVSOptions
 	log   *zap.Logger
@@ -161,16 +162,6 @@ func toService(k kernel.VirtualServerKey) *ipvs.Service {
 	return s
 }
 
-func toServiceFull(vs kernel.VirtualServer) *ipvs.Service {
-	vs = vs.Normalize()
-	s := toService(vs.Key)
-	s.SchedName = vs.Scheduler
-	s.Flags = uint32(vs.Flags)
-	s.Timeout = vs.Timeout
-	s.Netmask = netmaskToKernel(vs.Key.Family, vs.Netmask)
-	return s
-}
-
 func fromService(s *ipvs.Service) (kernel.VirtualServer, error) {
 	fam := kernel.FamilyIPv4
 	if s.AddressFamily == unix.AF_INET6 {
@@ -194,17 +185,6 @@ func fromService(s *ipvs.Service) (kernel.VirtualServer, error) {
 		Netmask:   netmaskFromKernel(fam, s.Netmask),
 	}
 	return vs.Normalize(), nil
-}
-
-func toDestination(d kernel.Destination) *ipvs.Destination {
-	a := d.Address.Unmap()
-	return &ipvs.Destination{
-		Address:         net.IP(a.AsSlice()),
-		Port:            d.Port,
-		Weight:          d.Weight,
-		ConnectionFlags: uint32(d.Forward),
-		AddressFamily:   afOf(kernel.FamilyOf(a)),
-	}
 }
 
 func (v *IPVS) ListVirtualServers() ([]kernel.VirtualServer, error) {
@@ -237,42 +217,6 @@ func (v *IPVS) GetVirtualServer(key kernel.VirtualServerKey) (kernel.VirtualServ
 		return kernel.VirtualServer{}, ipvsError("ipvs: get virtual server "+key.String(), err, kernel.ErrNotFound)
 	}
 	return fromService(s)
-}
-
-func (v *IPVS) AddVirtualServer(vs kernel.VirtualServer) error {
-	if err := vs.Validate(); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.h.NewService(toServiceFull(vs)); err != nil {
-		return ipvsError(fmt.Sprintf("ipvs: add virtual server %v (scheduler %s)", vs.Key, vs.Scheduler), err, kernel.ErrUnsupported)
-	}
-	return nil
-}
-
-func (v *IPVS) UpdateVirtualServer(vs kernel.VirtualServer) error {
-	if err := vs.Validate(); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.h.UpdateService(toServiceFull(vs)); err != nil {
-		return ipvsError(fmt.Sprintf("ipvs: update virtual server %v (scheduler %s)", vs.Key, vs.Scheduler), err, kernel.ErrUnsupported)
-	}
-	return nil
-}
-
-func (v *IPVS) DeleteVirtualServer(key kernel.VirtualServerKey) error {
-	if err := key.Validate(); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := v.h.DelService(toService(key)); err != nil {
-		return ipvsError("ipvs: delete virtual server "+key.String(), err, kernel.ErrNotFound)
-	}
-	return nil
 }
 
 func (v *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destination, error) {
@@ -309,33 +253,6 @@ func (v *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destinati
 	}
 	slices.SortFunc(out, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
 	return out, nil
-}
-
-func (v *IPVS) destCall(op string, key kernel.VirtualServerKey, d kernel.Destination, call func(*ipvs.Service, *ipvs.Destination) error) error {
-	if err := key.Validate(); err != nil {
-		return err
-	}
-	if err := d.Validate(key.Normalize().Family); err != nil {
-		return err
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err := call(toService(key), toDestination(d)); err != nil {
-		return ipvsError(fmt.Sprintf("ipvs: %s destination %v of %v", op, d.Key(), key), err, kernel.ErrNotFound)
-	}
-	return nil
-}
-
-func (v *IPVS) AddDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
-	return v.destCall("add", key, d, v.h.NewDestination)
-}
-
-func (v *IPVS) UpdateDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
-	return v.destCall("update", key, d, v.h.UpdateDestination)
-}
-
-func (v *IPVS) DeleteDestination(key kernel.VirtualServerKey, dk kernel.DestinationKey) error {
-	return v.destCall("delete", key, kernel.Destination{Address: dk.Address, Port: dk.Port}, v.h.DelDestination)
 }
 
 func (v *IPVS) SetTimeouts(t kernel.Timeouts) error {

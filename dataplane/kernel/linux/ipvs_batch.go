@@ -139,8 +139,8 @@ func appendDestAttr(b []byte, d kernel.Destination, full bool) []byte {
 	return nlaEnd(b, nest)
 }
 
-// apply runs ops in batches and returns one error per op, mapped like the
-// single calls map them.
+// apply runs ops in batches and returns one error per op, errnos mapped to
+// sentinels by ipvsError.
 func (b *ipvsBatcher) apply(ops []kernel.IPVSOp) []error {
 	errs := make([]error, len(ops))
 	valid := validOps(ops, validateOp, errs)
@@ -185,7 +185,7 @@ func enoentMeaning(k kernel.IPVSOpKind) error {
 	return kernel.ErrNotFound
 }
 
-// describeOp words an op like the single calls' errors.
+// describeOp words an op for its error.
 func describeOp(op kernel.IPVSOp) string {
 	switch op.Kind {
 	case kernel.AddVirtualServer, kernel.UpdateVirtualServer:

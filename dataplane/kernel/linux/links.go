@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -128,6 +127,9 @@ func (l *Links) EnsureDummy(name string) (bool, error) {
 	return true, nil
 }
 
+// DeleteDummy deletes a dummy device (a missing one is nil): for tests and
+// the contract suite's clean-up (see contract.DummyDeleter); the agent never
+// deletes it.
 func (l *Links) DeleteDummy(name string) error {
 	if err := validDev(name); err != nil {
 		return err
@@ -145,68 +147,6 @@ func (l *Links) DeleteDummy(name string) error {
 		return linkErr("links: delete "+name, err)
 	}
 	return nil
-}
-
-func hostNet(a netip.Addr) *net.IPNet {
-	a = a.Unmap()
-	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
-}
-
-func (l *Links) BindAddress(dev string, addr netip.Addr) (bool, error) {
-	if err := validDev(dev); err != nil {
-		return false, err
-	}
-	if err := kernel.CheckAddr(addr); err != nil {
-		return false, fmt.Errorf("links: bind to %s: %w", dev, err)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	link, err := l.linkByName(dev)
-	if err != nil {
-		return false, err
-	}
-	if link == nil {
-		return false, fmt.Errorf("links: bind %v to %s: %w", addr, dev, kernel.ErrNotFound)
-	}
-	if err := l.h.AddrAdd(link, &netlink.Addr{IPNet: hostNet(addr)}); err != nil {
-		if errors.Is(err, syscall.EEXIST) {
-			return false, nil
-		}
-		return false, linkErr(fmt.Sprintf("links: bind %v to %s", addr, dev), err)
-	}
-	return true, nil
-}
-
-func (l *Links) UnbindAddress(dev string, addr netip.Addr) error {
-	if err := validDev(dev); err != nil {
-		return err
-	}
-	if err := kernel.CheckAddr(addr); err != nil {
-		return fmt.Errorf("links: unbind from %s: %w", dev, err)
-	}
-	addr = addr.Unmap()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	link, err := l.linkByName(dev)
-	if err != nil || link == nil {
-		return err
-	}
-	// The agent binds host prefixes (/32, /128): delete that directly, so a
-	// Service removal costs O(1) requests however many addresses are bound.
-	// Only when it is not there (EADDRNOTAVAIL: bound by someone else with
-	// another prefix length, or not bound at all) list the device's addresses.
-	err = l.h.AddrDel(link, &netlink.Addr{IPNet: hostNet(addr)})
-	switch {
-	case err == nil || errors.Is(err, syscall.ENODEV):
-		return nil
-	case !errors.Is(err, syscall.EADDRNOTAVAIL):
-		return linkErr(fmt.Sprintf("links: unbind %v from %s", addr, dev), err)
-	}
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return l.h.AddrList(link, netlink.FAMILY_ALL) })
-	if err != nil {
-		return linkErr("links: list addresses of "+dev, err)
-	}
-	return l.unbindOther(link, dev, addr, addrs)
 }
 
 // unbindOther deletes addr from link where addrs (the device's addresses)
@@ -252,7 +192,7 @@ func appendAddrRequest(buf []byte, kind kernel.AddressOpKind, idx int, addr neti
 
 // ApplyAddresses binds and unbinds addresses on dev in batches of many
 // rtnetlink requests per syscall (see kernel.Links.ApplyAddresses and
-// nlBatch), with the single calls' semantics per op: EEXIST on a bind is
+// nlBatch), with kernel.Links' semantics per op: EEXIST on a bind is
 // success (already bound), an unbind that finds no host prefix falls back
 // to deleting the address with whatever prefix length it has (after the
 // batch, one address listing for all of them).
@@ -303,7 +243,7 @@ func (l *Links) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
 			errs[i] = fmt.Errorf("%s: %w: %w", what(op), errBatchLost, r.lost)
 		case r.errno == 0:
 		case op.Kind == kernel.BindAddress && r.errno == syscall.EEXIST:
-			// Already bound: BindAddress's added=false.
+			// Already bound.
 		case op.Kind == kernel.UnbindAddress && r.errno == syscall.ENODEV:
 		case op.Kind == kernel.UnbindAddress && r.errno == syscall.EADDRNOTAVAIL:
 			other = append(other, i)

@@ -262,3 +262,12 @@ func TestAddressRequestsMatchRtAttrEncoding(t *testing.T) {
 		}
 	}
 }
+
+// adtRequest is the request adding (IPSET_CMD_ADD) or deleting e (valid,
+// normalized) in set. No NLM_F_EXCL: add of a present / del of an absent
+// entry is fine (ipset's -exist, what kube-proxy uses).
+func adtRequest(cmd int, flags int, set kernel.IPSet, e kernel.Entry) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), flags)
+	req.AddRawData(appendADT(nil, cmd, set, e))
+	return req
+}

@@ -81,7 +81,7 @@ func TestVMKubeIPVS0(t *testing.T) {
 		t.Fatalf("create %s: created=%v err=%v", kernel.DummyDevice, created, err)
 	}
 	t.Cleanup(func() { _ = l.DeleteDummy(kernel.DummyDevice) })
-	if _, err := l.BindAddress(kernel.DummyDevice, testAddr(t, "198.18.0.10")); err != nil {
+	if err := bind(l, kernel.DummyDevice, testAddr(t, "198.18.0.10")); err != nil {
 		t.Fatal(err)
 	}
 	got, err := l.BoundAddresses(kernel.DummyDevice)
@@ -90,7 +90,7 @@ func TestVMKubeIPVS0(t *testing.T) {
 	}
 }
 
-// TestVMUnbindOtherPrefix: UnbindAddress deletes a /32 (/128) directly and
+// TestVMUnbindOtherPrefix: an unbind deletes a /32 (/128) directly and
 // falls back to listing for an address bound with another prefix length.
 func TestVMUnbindOtherPrefix(t *testing.T) {
 	l := newLinks(t)
@@ -113,11 +113,11 @@ func TestVMUnbindOtherPrefix(t *testing.T) {
 		}
 	}
 	host := testAddr(t, "198.18.77.2")
-	if _, err := l.BindAddress(dev, host); err != nil {
+	if err := bind(l, dev, host); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range []string{"198.18.77.1", "2001:2:0:77::1", "198.18.77.2"} {
-		if err := l.UnbindAddress(dev, testAddr(t, a)); err != nil {
+		if err := unbind(l, dev, testAddr(t, a)); err != nil {
 			t.Fatalf("unbind %s: %v", a, err)
 		}
 	}

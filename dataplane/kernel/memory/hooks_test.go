@@ -22,14 +22,14 @@ func TestFaultAndCalls(t *testing.T) {
 		return nil
 	})
 	vs := kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("198.18.0.1"), kernel.ProtocolTCP, 80), Scheduler: "rr"}
-	if err := k.IPVS.AddVirtualServer(vs); !errors.Is(err, boom) {
+	if err := one(k, kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: vs}); !errors.Is(err, boom) {
 		t.Fatalf("fault not returned: %v", err)
 	}
 	if list, err := k.IPVS.ListVirtualServers(); err != nil || len(list) != 0 {
 		t.Fatalf("faulted add changed state: %+v (%v)", list, err)
 	}
 	m.SetFault(nil)
-	if err := k.IPVS.AddVirtualServer(vs); err != nil {
+	if err := one(k, kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: vs}); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.IPTables.Restore(context.Background(), kernel.FamilyIPv4, []byte("*nat\nCOMMIT\n")); err != nil {
@@ -50,17 +50,17 @@ func TestSetConnections(t *testing.T) {
 	k := m.Kernel()
 	key := kernel.AddrKey(netip.MustParseAddr("198.18.0.1"), kernel.ProtocolTCP, 80)
 	d := kernel.Destination{Address: netip.MustParseAddr("198.19.1.5"), Port: 8080, Weight: 1}
-	if err := k.IPVS.AddVirtualServer(kernel.VirtualServer{Key: key, Scheduler: "rr"}); err != nil {
+	if err := one(k, kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: kernel.VirtualServer{Key: key, Scheduler: "rr"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.IPVS.AddDestination(key, d); err != nil {
+	if err := one(k, kernel.IPVSOp{Kind: kernel.AddDestination, Server: kernel.VirtualServer{Key: key}, Destination: d}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.SetConnections(key, d.Key(), 3, 4); err != nil {
 		t.Fatal(err)
 	}
 	d.Weight = 0
-	if err := k.IPVS.UpdateDestination(key, d); err != nil {
+	if err := one(k, kernel.IPVSOp{Kind: kernel.UpdateDestination, Server: kernel.VirtualServer{Key: key}, Destination: d}); err != nil {
 		t.Fatal(err)
 	}
 	ds, err := k.IPVS.ListDestinations(key)
@@ -111,3 +111,6 @@ func TestLocalAddressesAndSysctlHooks(t *testing.T) {
 		t.Errorf("schedulers %v, want [rr]", s)
 	}
 }
+
+// one applies a one-op IPVS batch.
+func one(k kernel.Kernel, op kernel.IPVSOp) error { return k.IPVS.Apply([]kernel.IPVSOp{op})[0] }

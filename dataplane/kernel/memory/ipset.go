@@ -39,6 +39,9 @@ func (m *IPSets) CreateSet(s kernel.IPSet) error {
 	return nil
 }
 
+// DestroySet destroys a set: for tests and the contract suite (the agent
+// never destroys a set, kernel.IPSets has no such write). A missing set:
+// ErrNotFound; one referenced by an iptables rule: ErrBusy.
 func (m *IPSets) DestroySet(name string) error {
 	if err := validSetName(name); err != nil {
 		return err
@@ -58,6 +61,8 @@ func (m *IPSets) DestroySet(name string) error {
 	return nil
 }
 
+// FlushSet deletes every entry of a set, like DestroySet for tests (drift)
+// and the contract suite only. A missing set: ErrNotFound.
 func (m *IPSets) FlushSet(name string) error {
 	if err := validSetName(name); err != nil {
 		return err
@@ -91,7 +96,7 @@ func (k *Kernel) lookupSet(op string, want kernel.IPSet, e kernel.Entry) (*set, 
 	return s, nil
 }
 
-func (m *IPSets) AddEntry(want kernel.IPSet, e kernel.Entry) error {
+func (m *IPSets) addEntry(want kernel.IPSet, e kernel.Entry) error {
 	if err := e.Validate(want); err != nil {
 		return err
 	}
@@ -114,7 +119,7 @@ func (m *IPSets) AddEntry(want kernel.IPSet, e kernel.Entry) error {
 	return nil
 }
 
-func (m *IPSets) DelEntry(want kernel.IPSet, e kernel.Entry) error {
+func (m *IPSets) delEntry(want kernel.IPSet, e kernel.Entry) error {
 	e.Comment = ""
 	if err := e.Validate(want); err != nil {
 		return err
@@ -133,8 +138,22 @@ func (m *IPSets) DelEntry(want kernel.IPSet, e kernel.Entry) error {
 }
 
 // ApplyEntries performs ops one by one (see kernel.IPSets.ApplyEntries), so
-// fault hooks and call counters see every op.
-func (m *IPSets) ApplyEntries(ops []kernel.EntryOp) []error { return kernel.ApplyEntriesEach(m, ops) }
+// fault hooks and call counters see every op ("ipset.AddEntry",
+// "ipset.DelEntry").
+func (m *IPSets) ApplyEntries(ops []kernel.EntryOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		switch op.Kind {
+		case kernel.AddEntry:
+			errs[i] = m.addEntry(op.Set, op.Entry)
+		case kernel.DelEntry:
+			errs[i] = m.delEntry(op.Set, op.Entry)
+		default:
+			errs[i] = op.Validate()
+		}
+	}
+	return errs
+}
 
 func (m *IPSets) ListSets() ([]kernel.IPSet, error) {
 	k := m.k()

@@ -101,7 +101,7 @@ func (m *IPVS) GetVirtualServer(key kernel.VirtualServerKey) (kernel.VirtualServ
 	return e.vs, nil
 }
 
-func (m *IPVS) AddVirtualServer(vs kernel.VirtualServer) error {
+func (m *IPVS) addVirtualServer(vs kernel.VirtualServer) error {
 	if err := vs.Validate(); err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func (m *IPVS) AddVirtualServer(vs kernel.VirtualServer) error {
 	return nil
 }
 
-func (m *IPVS) UpdateVirtualServer(vs kernel.VirtualServer) error {
+func (m *IPVS) updateVirtualServer(vs kernel.VirtualServer) error {
 	if err := vs.Validate(); err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func (m *IPVS) UpdateVirtualServer(vs kernel.VirtualServer) error {
 	return nil
 }
 
-func (m *IPVS) DeleteVirtualServer(key kernel.VirtualServerKey) error {
+func (m *IPVS) deleteVirtualServer(key kernel.VirtualServerKey) error {
 	if err := key.Validate(); err != nil {
 		return err
 	}
@@ -203,7 +203,7 @@ func (m *IPVS) destOp(op string, key kernel.VirtualServerKey, d kernel.Destinati
 	return e, d, nil
 }
 
-func (m *IPVS) AddDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
+func (m *IPVS) addDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
 	e, d, err := m.destOp("ipvs.AddDestination", key, d)
 	if err != nil {
 		return err
@@ -217,7 +217,7 @@ func (m *IPVS) AddDestination(key kernel.VirtualServerKey, d kernel.Destination)
 	return nil
 }
 
-func (m *IPVS) UpdateDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
+func (m *IPVS) updateDestination(key kernel.VirtualServerKey, d kernel.Destination) error {
 	e, d, err := m.destOp("ipvs.UpdateDestination", key, d)
 	if err != nil {
 		return err
@@ -232,7 +232,7 @@ func (m *IPVS) UpdateDestination(key kernel.VirtualServerKey, d kernel.Destinati
 	return nil
 }
 
-func (m *IPVS) DeleteDestination(key kernel.VirtualServerKey, dk kernel.DestinationKey) error {
+func (m *IPVS) deleteDestination(key kernel.VirtualServerKey, dk kernel.DestinationKey) error {
 	e, d, err := m.destOp("ipvs.DeleteDestination", key, kernel.Destination{Address: dk.Address, Port: dk.Port})
 	if err != nil {
 		return err
@@ -245,8 +245,32 @@ func (m *IPVS) DeleteDestination(key kernel.VirtualServerKey, dk kernel.Destinat
 	return nil
 }
 
-// Apply performs ops one by one (see kernel.IPVS.Apply).
-func (m *IPVS) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(m, ops) }
+// Apply performs ops one by one (see kernel.IPVS.Apply), so fault hooks
+// and call counters see every op, under its kind's name
+// ("ipvs.AddVirtualServer", ...).
+func (m *IPVS) Apply(ops []kernel.IPVSOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		key := op.Server.Key
+		switch op.Kind {
+		case kernel.AddVirtualServer:
+			errs[i] = m.addVirtualServer(op.Server)
+		case kernel.UpdateVirtualServer:
+			errs[i] = m.updateVirtualServer(op.Server)
+		case kernel.DeleteVirtualServer:
+			errs[i] = m.deleteVirtualServer(key)
+		case kernel.AddDestination:
+			errs[i] = m.addDestination(key, op.Destination)
+		case kernel.UpdateDestination:
+			errs[i] = m.updateDestination(key, op.Destination)
+		case kernel.DeleteDestination:
+			errs[i] = m.deleteDestination(key, op.Destination.Key())
+		default:
+			errs[i] = fmt.Errorf("%v: %w", op.Kind, kernel.ErrInvalid)
+		}
+	}
+	return errs
+}
 
 func (m *IPVS) SetTimeouts(t kernel.Timeouts) error {
 	if err := t.Validate(); err != nil {

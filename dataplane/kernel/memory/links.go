@@ -91,6 +91,9 @@ func (m *Links) EnsureDummy(name string) (bool, error) {
 	return true, nil
 }
 
+// DeleteDummy deletes a dummy device (a missing one is nil): for tests
+// (drift) and the contract suite; the agent never deletes it, kernel.Links
+// has no such write. A device of another kind: ErrInvalid.
 func (m *Links) DeleteDummy(name string) error {
 	if err := validDev(name); err != nil {
 		return err
@@ -111,7 +114,7 @@ func (m *Links) DeleteDummy(name string) error {
 	return nil
 }
 
-func (m *Links) BindAddress(dev string, addr netip.Addr) (bool, error) {
+func (m *Links) bindAddress(dev string, addr netip.Addr) (bool, error) {
 	if err := validDev(dev); err != nil {
 		return false, err
 	}
@@ -135,7 +138,7 @@ func (m *Links) BindAddress(dev string, addr netip.Addr) (bool, error) {
 	return true, nil
 }
 
-func (m *Links) UnbindAddress(dev string, addr netip.Addr) error {
+func (m *Links) unbindAddress(dev string, addr netip.Addr) error {
 	if err := validDev(dev); err != nil {
 		return err
 	}
@@ -157,9 +160,21 @@ func (m *Links) UnbindAddress(dev string, addr netip.Addr) error {
 }
 
 // ApplyAddresses performs ops one by one (see kernel.Links.ApplyAddresses),
-// so fault hooks and call counters see every op.
+// so fault hooks and call counters see every op ("link.BindAddress",
+// "link.UnbindAddress").
 func (m *Links) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
-	return kernel.ApplyAddressesEach(m, dev, ops)
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		switch op.Kind {
+		case kernel.BindAddress:
+			_, errs[i] = m.bindAddress(dev, op.Addr)
+		case kernel.UnbindAddress:
+			errs[i] = m.unbindAddress(dev, op.Addr)
+		default:
+			errs[i] = op.Validate()
+		}
+	}
+	return errs
 }
 
 func (m *Links) BoundAddresses(dev string) ([]netip.Addr, error) {

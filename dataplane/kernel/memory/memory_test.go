@@ -8,6 +8,11 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 )
 
+var (
+	_ contract.SetCleaner   = (*memory.IPSets)(nil)
+	_ contract.DummyDeleter = (*memory.Links)(nil)
+)
+
 func TestContract(t *testing.T) {
 	contract.Run(t, func(t *testing.T) kernel.Kernel { return memory.New().Kernel() })
 }

@@ -176,22 +176,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // oneByOne, oneByOneSets and oneByOneLinks send every write of a batch as
-// its own netlink request: the baseline the batched paths are measured
-// against.
+// its own netlink request (a batch of one: one round trip per write): the
+// baseline the batched paths are measured against.
 type oneByOne struct{ kernel.IPVS }
 
-func (o oneByOne) Apply(ops []kernel.IPVSOp) []error { return kernel.ApplyEach(o.IPVS, ops) }
+func (o oneByOne) Apply(ops []kernel.IPVSOp) []error { return eachOp(ops, o.IPVS.Apply) }
 
 type oneByOneSets struct{ kernel.IPSets }
 
 func (o oneByOneSets) ApplyEntries(ops []kernel.EntryOp) []error {
-	return kernel.ApplyEntriesEach(o.IPSets, ops)
+	return eachOp(ops, o.IPSets.ApplyEntries)
 }
 
 type oneByOneLinks struct{ kernel.Links }
 
 func (o oneByOneLinks) ApplyAddresses(dev string, ops []kernel.AddressOp) []error {
-	return kernel.ApplyAddressesEach(o.Links, dev, ops)
+	return eachOp(ops, func(b []kernel.AddressOp) []error { return o.Links.ApplyAddresses(dev, b) })
+}
+
+// eachOp applies ops as batches of one.
+func eachOp[T any](ops []T, apply func([]T) []error) []error {
+	errs := make([]error, len(ops))
+	for i := range ops {
+		errs[i] = apply(ops[i : i+1])[0]
+	}
+	return errs
 }
 
 // coldStart applies svcs into the empty kernel, as one Delta or as
