@@ -252,6 +252,9 @@ func New(cfg Config) (*Replica, error) {
 			return nil, err
 		}
 		insp.SetRollouts(r.Rollouts)
+		if err := reg.Register(rollout.NewCollector(r.Watcher.Rollouts, r.Rollouts.Leading)); err != nil {
+			return nil, fmt.Errorf("controlplane: rollout metrics: %w", err)
+		}
 	}
 	return r, nil
 }

@@ -82,6 +82,19 @@ const (
 	ConditionHealthy     = "Healthy"
 )
 
+// plannedSteps returns ro's steps: the defaults when it names none, and a
+// final 100% step after a last one that may cover fewer nodes.
+func plannedSteps(ro *v1alpha1.SchedulerRollout) []intstr.IntOrString {
+	steps := ro.Spec.Strategy.Steps
+	if len(steps) == 0 {
+		steps = DefaultSteps
+	}
+	if last := steps[len(steps)-1]; resolve(last, 100) < 100 || last.Type == intstr.Int {
+		steps = append(slices.Clone(steps), intstr.FromString("100%"))
+	}
+	return steps
+}
+
 // Next returns the rollout's next status and the events to record; a
 // status equal to the current one means nothing to write.
 func Next(ro *v1alpha1.SchedulerRollout, v View) (v1alpha1.SchedulerRolloutStatus, []Event) {
@@ -100,13 +113,7 @@ func Next(ro *v1alpha1.SchedulerRollout, v View) (v1alpha1.SchedulerRolloutStatu
 		return cmp.Or(cmp.Compare(model.Position(string(ro.UID), a.Name), model.Position(string(ro.UID), b.Name)), cmp.Compare(a.Name, b.Name))
 	})
 	st.NodesTotal = int32(len(nodes))
-	steps := ro.Spec.Strategy.Steps
-	if len(steps) == 0 {
-		steps = DefaultSteps
-	}
-	if last := steps[len(steps)-1]; resolve(last, 100) < 100 || last.Type == intstr.Int {
-		steps = append(slices.Clone(steps), intstr.FromString("100%"))
-	}
+	steps := plannedSteps(ro)
 	gates := ro.Spec.Strategy.Gates
 	autoRollback := ro.Spec.Strategy.AutoRollback == nil || *ro.Spec.Strategy.AutoRollback
 	requireCap := gates.RequireCapability == nil || *gates.RequireCapability

@@ -1,6 +1,7 @@
 // Package docs keeps the operator documentation honest: the metrics
-// reference in docs/operations.md and the alerting rules in
-// deploy/monitoring must name exactly the metrics the binaries register.
+// reference in docs/operations.md must name exactly the metrics the binaries
+// register, and the alerting rules and the Grafana dashboard in
+// deploy/monitoring only those, with labels they have.
 package docs
 
 import (
@@ -16,6 +17,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/config"
 	"github.com/vsplane/vsplane/controlplane/engine"
 	cpmetrics "github.com/vsplane/vsplane/controlplane/metrics"
+	"github.com/vsplane/vsplane/controlplane/rollout"
 	"github.com/vsplane/vsplane/controlplane/snapshot"
 	agentmetrics "github.com/vsplane/vsplane/dataplane/metrics"
 	"github.com/vsplane/vsplane/internal/grpcserver"
@@ -62,6 +64,7 @@ func Registered() (controlPlane, agent []Metric, err error) {
 	if _, err := grpcserver.New(grpcserver.Options{Registerer: cp}); err != nil {
 		return nil, nil, err
 	}
+	cp.MustRegister(rollout.NewCollector(nil, nil))
 	cp.MustRegister(config.NewReloader(config.Source{}, &config.Loaded{Config: config.Defaults()}, time.Second, zap.NewNop()).Collectors()...)
 	ag := &recorder{}
 	if _, err := agentmetrics.New(ag, agentmetrics.Options{}); err != nil {

@@ -249,6 +249,29 @@ func TestSchedulerRollouts(t *testing.T) {
 				t.Errorf("GetRollout node %s: %v capable %v", n.GetNodeName(), n.GetState(), n.GetCapable())
 			}
 		}
+		// Every replica exports the rollout's progress, and one leads.
+		eventually(t, 30*time.Second, func() string {
+			leaders := 0.0
+			for i, r := range replicas {
+				text := gatherText(t, r)
+				for _, want := range []string{
+					`vsplane_controlplane_rollout_phase{phase="Succeeded",rollout="to-wlc",scheduler="wlc"} 1`,
+					`vsplane_controlplane_rollout_step{rollout="to-wlc"} 4`,
+					`vsplane_controlplane_rollout_steps{rollout="to-wlc"} 4`,
+					fmt.Sprintf(`vsplane_controlplane_rollout_nodes{rollout="to-wlc",state="updated"} %d`, agentsN),
+					`vsplane_controlplane_rollout_nodes{rollout="to-wlc",state="failed"} 0`,
+				} {
+					if !strings.Contains(text, want+"\n") {
+						return fmt.Sprintf("replica %d lacks %s; has:\n%s", i, want, grepLines(text, "rollout"))
+					}
+				}
+				leaders += metricValue(t, r, "vsplane_controlplane_rollout_leader", "", "")
+			}
+			if leaders != 1 {
+				return fmt.Sprintf("%v replicas say they lead", leaders)
+			}
+			return ""
+		})
 		// ExplainService says which scheduler a node's Service uses and why.
 		ex, err := replicas[0].Inspect.ExplainService(ctx, &vsplanev1.ExplainServiceRequest{NodeName: names[3], Namespace: "default", Name: "web-2"})
 		if err != nil {
