@@ -155,3 +155,28 @@ func TestREADMEListsEverySkippedSpec(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMEEmbedsConformanceTable: the README carries the spec table of
+// the committed conformance report, row for row (re-embed it after `make
+// conformance`).
+func TestREADMEEmbedsConformanceTable(t *testing.T) {
+	report := repoFile(t, "bench/results/conformance.md")
+	i := strings.Index(report, "| spec |")
+	if i < 0 {
+		t.Fatal("bench/results/conformance.md has no spec table")
+	}
+	readme := repoFile(t, "README.md")
+	rows := 0
+	for _, line := range strings.Split(strings.TrimSpace(report[i:]), "\n") {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		rows++
+		if !strings.Contains(readme, line+"\n") {
+			t.Errorf("README.md lacks the conformance row %.120q", line)
+		}
+	}
+	if rows < 10 {
+		t.Errorf("the conformance table has only %d rows", rows)
+	}
+}
