@@ -29,9 +29,13 @@ $(BIN)/grpcurl:
 $(BIN)/controller-gen:
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-## generate: deepcopy and CRD YAML of the vsplane.io API (controlplane/apis -> deploy/crds; committed)
+## generate: deepcopy and CRD YAML of the vsplane.io API (controlplane/apis -> deploy/crds; committed),
+## and the Helm chart's copies of the CRDs and of deploy/monitoring (Helm reads only files in the chart)
+CHART := deploy/helm/vsplane
 generate: $(BIN)/controller-gen
 	$(BIN)/controller-gen object paths=./controlplane/apis/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/crds
+	rm -f $(CHART)/crds/*.yaml && cp deploy/crds/*_*.yaml $(CHART)/crds/
+	cp deploy/monitoring/prometheusrule.yaml deploy/monitoring/dashboard.json $(CHART)/files/
 
 ## proto: regenerate Go from proto/ (committed)
 proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
@@ -68,10 +72,11 @@ lint: check-generated
 	$(GO) vet -tags fanoutbench ./e2e/fanout
 	$(GO) vet -tags conformance ./e2e/conformance
 
+GENERATED := proto controlplane/apis deploy/crds $(CHART)/crds $(CHART)/files
 check-generated: proto generate
-	@if [ -n "$$(git status --porcelain -- proto controlplane/apis deploy/crds)" ]; then \
+	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then \
 	  echo "generated code is not current; run 'make proto generate' and commit:"; \
-	  git status --porcelain -- proto controlplane/apis deploy/crds; git diff --stat -- proto controlplane/apis deploy/crds; exit 1; fi
+	  git status --porcelain -- $(GENERATED); git diff --stat -- $(GENERATED); exit 1; fi
 
 ## kube: build kube-apiserver + etcd into .cache/kube (cached)
 kube:
