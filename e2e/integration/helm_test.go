@@ -449,3 +449,40 @@ func TestHelmChartApply(t *testing.T) {
 		})
 	}
 }
+
+// TestHelmConfigValuesComplete: the chart's controlplane.config and
+// agent.config list every field the base's configuration files list (all
+// of them, at their defaults), so that values.yaml documents every setting
+// and the schema, which refuses unknown fields, knows it.
+func TestHelmConfigValuesComplete(t *testing.T) {
+	vals := readValues(t, filepath.Join(chartDir, "values.yaml"))
+	for file, key := range map[string]string{"vsplane.yaml": "controlplane", "agent.yaml": "agent"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "base", "config", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var base map[string]any
+		if err := yaml.Unmarshal(b, &base); err != nil {
+			t.Fatal(err)
+		}
+		delete(base, "apiVersion")
+		delete(base, "kind")
+		if d := cmp.Diff(fieldPaths("", base), fieldPaths("", path(vals, key, "config").(map[string]any))); d != "" {
+			t.Errorf("deploy/base/config/%s (-) and the chart's %s.config (+) list different fields:\n%s", file, key, d)
+		}
+	}
+}
+
+// fieldPaths lists the dotted paths of every leaf in m.
+func fieldPaths(prefix string, m map[string]any) []string {
+	var out []string
+	for k, v := range m {
+		if sub, ok := v.(map[string]any); ok {
+			out = append(out, fieldPaths(prefix+k+".", sub)...)
+		} else {
+			out = append(out, prefix+k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
