@@ -121,6 +121,9 @@ func TestHelmChartRenders(t *testing.T) {
 			} else if secret != want {
 				t.Errorf("replicas mount Secret %s, want %s", secret, want)
 			}
+			if filepath.Base(file) == "scheduling-values.yaml" {
+				checkScheduling(t, r)
+			}
 			if rule, ok := objs["PrometheusRule/vsplane-system/vsplane"]; ok {
 				checkMonitoringCopy(t, rule)
 			}
@@ -128,6 +131,41 @@ func TestHelmChartRenders(t *testing.T) {
 				checkDashboardCopy(t, cm)
 			}
 		})
+	}
+}
+
+// checkScheduling: ci/scheduling-values.yaml's values reach the Pods.
+func checkScheduling(t *testing.T, r *rendered) {
+	t.Helper()
+	cp, ag := &r.controlPlane.Spec.Template.Spec, &r.agent.Spec.Template.Spec
+	got := map[string]any{
+		"replicas":            *r.controlPlane.Spec.Replicas,
+		"controlplane image":  cp.Containers[0].Image,
+		"agent image":         ag.Containers[0].Image,
+		"controlplane nodes":  cp.NodeSelector,
+		"agent nodes":         ag.NodeSelector,
+		"controlplane memory": cp.Containers[0].Resources.Limits.Memory().String(),
+		"agent cpu":           ag.Containers[0].Resources.Requests.Cpu().String(),
+		"priority class":      cp.PriorityClassName,
+		"tolerations":         len(cp.Tolerations) + len(ag.Tolerations),
+		"apiserver env":       cp.Containers[0].Env[len(cp.Containers[0].Env)-2].Name,
+		"agents' addresses":   r.configMaps["vsplane-agent"].Data["controlplane"],
+	}
+	want := map[string]any{
+		"replicas":            int32(2),
+		"controlplane image":  "registry.example/vsplane/vsplane-controlplane@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		"agent image":         "registry.example/vsplane/vsplane-agent:v0.1.0",
+		"controlplane nodes":  map[string]string{"node-role.example/infra": "true"},
+		"agent nodes":         map[string]string{"kubernetes.io/os": "linux"},
+		"controlplane memory": "4Gi",
+		"agent cpu":           "100m",
+		"priority class":      "",
+		"tolerations":         3,
+		"apiserver env":       "KUBERNETES_SERVICE_HOST",
+		"agents' addresses":   "198.18.2.21:18000,198.18.2.22:18000",
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("ci/scheduling-values.yaml rendered (-want +got):\n%s", d)
 	}
 }
 
