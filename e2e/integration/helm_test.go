@@ -3,6 +3,7 @@ package integration_test
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -300,7 +301,8 @@ func normalizeKustomize(t *testing.T, objs map[string]map[string]any) {
 	// The chart leaves the namespace to `helm install --create-namespace`
 	// (a chart that creates its own namespace cannot be installed into it).
 	delete(objs, "Namespace//vsplane-system")
-	for key, o := range objs {
+	for _, key := range slices.Collect(maps.Keys(objs)) {
+		o := objs[key]
 		b, err := json.Marshal(o)
 		if err != nil {
 			t.Fatal(err)
@@ -379,8 +381,29 @@ func decodeConfigFiles(t *testing.T, o map[string]any) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		data[key] = string(b)
+		var fields map[string]any
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Fatal(err)
+		}
+		data[key] = dropEmptyLists(fields)
 	}
+}
+
+// dropEmptyLists removes the fields holding an empty or absent list: the
+// same setting whether a file writes [] (the chart's values) or leaves the
+// field out (deploy/overlays/testbed's file).
+func dropEmptyLists(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, f := range v {
+			if l, isList := f.([]any); f == nil || isList && len(l) == 0 {
+				delete(v, k)
+			} else {
+				v[k] = dropEmptyLists(f)
+			}
+		}
+	}
+	return v
 }
 
 // TestHelmValuesSchema: a bad value is an error naming it (values.schema.json,
