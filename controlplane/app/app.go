@@ -116,7 +116,10 @@ type Config struct {
 	// MaxConnectionAge and MaxConnectionAgeGrace age out agent connections
 	// so agents spread over the replicas again (zero: never).
 	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
-	Logger                                  *zap.Logger
+	// CAPublishInterval is how often Security.CAConfigMap is compared with
+	// the CA file (<= 0: DefaultCAPublishInterval).
+	CAPublishInterval time.Duration
+	Logger            *zap.Logger
 }
 
 // RolloutTiming is the leader election's and the controller's pace.
@@ -142,6 +145,8 @@ type Replica struct {
 	Rollouts *rollout.Controller
 	// Inspect is the inspection service (tests call it directly).
 	Inspect *inspect.Server
+	// caPublisher keeps Security.CAConfigMap current (nil without it).
+	caPublisher *caPublisher
 	// ready is closed after the first full computation was committed.
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -241,6 +246,11 @@ func New(cfg Config) (*Replica, error) {
 		ready:    ready,
 		Peers:    fleet,
 		Inspect:  insp,
+	}
+	if sec := cfg.Security; sec != nil && sec.CAConfigMap != "" {
+		if r.caPublisher, err = newCAPublisher(cfg.Kube, sec.CAConfigMap, sec.CAFile, cfg.CAPublishInterval, log.Named("ca")); err != nil {
+			return nil, err
+		}
 	}
 	wopts := cfg.Watch
 	wopts.Rollouts, wopts.Dynamic = cfg.Rollouts, cfg.Dynamic
@@ -374,6 +384,12 @@ func (r *Replica) Run(ctx context.Context) error {
 			case <-r.ready:
 			}
 			return ignoreCanceled(r.Rollouts.Run(ctx))
+		})
+	}
+	if r.caPublisher != nil {
+		g.Go(func() error {
+			r.caPublisher.run(ctx)
+			return nil
 		})
 	}
 	if r.Peers != nil {

@@ -32,6 +32,10 @@ type Security struct {
 	// peers (Config.Peers or PeerService).
 	CAFile, ServerName string
 	PeerTokenFile      string
+	// CAConfigMap ("namespace/name", "" for none) is the ConfigMap the
+	// replica keeps CAFile's bundle in (key ca.crt), for clients that may
+	// not read the serving Secret (cabundle.go).
+	CAConfigMap string
 }
 
 // protobuf is the typed client's encoding: about half the watch bytes of

@@ -50,7 +50,8 @@ func FromCommandLine(cl *config.CommandLine, log *zap.Logger) (cfg Config, err e
 		log.Warn("--insecure-plaintext: no TLS and no authentication; loopback only")
 	} else {
 		cfg.Security = &Security{CertFile: cl.TLS.CertFile, KeyFile: cl.TLS.KeyFile, AgentServiceAccounts: cl.AgentServiceAccounts,
-			CAFile: cl.TLS.CAFile, ServerName: cl.TLS.ServerName, PeerTokenFile: cl.PeerTokenFile}
+			CAFile: cl.TLS.CAFile, ServerName: cl.TLS.ServerName, PeerTokenFile: cl.PeerTokenFile,
+			CAConfigMap: cl.CAConfigMap}
 	}
 
 	if cfg.GRPCListener, err = net.Listen("tcp", pc.ListenAddress); err != nil {

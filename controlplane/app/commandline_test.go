@@ -107,7 +107,8 @@ func TestFromCommandLine(t *testing.T) {
 	if cfg.MetricsListener == nil || !cfg.Profiling {
 		t.Errorf("metrics listener %v, profiling %v", cfg.MetricsListener, cfg.Profiling)
 	}
-	wantSec := &Security{CertFile: "/c", KeyFile: "/k", AgentServiceAccounts: []string{"ns/agent"}, CAFile: "/ca", ServerName: "cp", PeerTokenFile: "/t"}
+	wantSec := &Security{CertFile: "/c", KeyFile: "/k", AgentServiceAccounts: []string{"ns/agent"}, CAFile: "/ca", ServerName: "cp", PeerTokenFile: "/t",
+		CAConfigMap: "vsplane-system/vsplane-controlplane-ca"}
 	if diff := cmp.Diff(wantSec, cfg.Security); diff != "" {
 		t.Errorf("security (-want +got):\n%s", diff)
 	}

@@ -39,6 +39,9 @@ type CommandLine struct {
 	TLS TLSFiles
 	// PeerTokenFile is --peer-token-file: the token presented to peers.
 	PeerTokenFile string
+	// CAConfigMap is --ca-configmap (namespace/name, checked when set;
+	// "": none): where the replica publishes TLS.CAFile for clients.
+	CAConfigMap string
 	// AgentServiceAccounts are --agent-service-account's namespace/name
 	// pairs (checked unless InsecurePlaintext).
 	AgentServiceAccounts []string
@@ -88,6 +91,7 @@ func ParseCommandLine(fs *flag.FlagSet, args []string, getenv func(string) strin
 	fs.StringVar(&cl.TLS.KeyFile, "tls-key-file", "/etc/vsplane/tls/tls.key", "its private key (PEM)")
 	fs.StringVar(&cl.TLS.CAFile, "tls-ca-file", "/etc/vsplane/tls/ca.crt", "CA bundle (PEM) to verify peer replicas with")
 	fs.StringVar(&cl.TLS.ServerName, "tls-server-name", wire.DefaultServerName, "name in the replicas' certificate, verified when calling peers")
+	fs.StringVar(&cl.CAConfigMap, "ca-configmap", "vsplane-system/vsplane-controlplane-ca", "namespace/name of the ConfigMap the replicas keep --tls-ca-file's bundle in (key ca.crt) for clients such as kubectl vsplane; \"\" to publish nothing")
 	fs.StringVar(&cl.PeerTokenFile, "peer-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token", "token this replica presents to its peers (needs get inspection.vsplane.io)")
 	fs.StringVar(&serviceAccounts, "agent-service-account", "vsplane-system/vsplane-agent", "comma-separated namespace/name of the ServiceAccounts agents run as")
 	fs.BoolVar(&cl.InsecurePlaintext, "insecure-plaintext", false, "local development only: no TLS, no agent authentication, no inspection authorization; --listen must be a loopback address")
@@ -116,6 +120,9 @@ func ParseCommandLine(fs *flag.FlagSet, args []string, getenv func(string) strin
 	}
 	if ns, name, ok := strings.Cut(cl.RolloutLease, "/"); cl.Rollouts && (!ok || ns == "" || name == "") {
 		return nil, fmt.Errorf("--rollout-lease %q: want namespace/name", cl.RolloutLease)
+	}
+	if ns, name, ok := strings.Cut(cl.CAConfigMap, "/"); cl.CAConfigMap != "" && (!ok || ns == "" || name == "" || strings.Contains(name, "/")) {
+		return nil, fmt.Errorf("--ca-configmap %q: want namespace/name", cl.CAConfigMap)
 	}
 	if cl.PeerService != "" && strings.Count(cl.PeerService, "/") != 1 {
 		return nil, fmt.Errorf("--peer-service %q: want namespace/name", cl.PeerService)

@@ -25,6 +25,7 @@ var flagDefaults = map[string]string{
 	"agent-reconcile-period":    "0s",
 	"agent-service-account":     "vsplane-system/vsplane-agent",
 	"auth-api-qps":              "50",
+	"ca-configmap":              "vsplane-system/vsplane-controlplane-ca",
 	"cluster-cidr":              "",
 	"config":                    "",
 	"config-check-interval":     "2s",
@@ -102,6 +103,7 @@ func TestParseCommandLineDefaults(t *testing.T) {
 		TLS: config.TLSFiles{CertFile: "/etc/vsplane/tls/tls.crt", KeyFile: "/etc/vsplane/tls/tls.key",
 			CAFile: "/etc/vsplane/tls/ca.crt", ServerName: "vsplane-controlplane.vsplane-system.svc"},
 		PeerTokenFile:        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+		CAConfigMap:          "vsplane-system/vsplane-controlplane-ca",
 		AgentServiceAccounts: []string{"vsplane-system/vsplane-agent"},
 		Rollouts:             true,
 		RolloutLease:         "vsplane-system/vsplane-rollout-leader",
@@ -129,7 +131,7 @@ func TestParseCommandLine(t *testing.T) {
 	}
 	env := func(k string) string { return map[string]string{"POD_IP": "198.18.1.11"}[k] }
 	cl, err := parseCommandLine(env, "--config", path, "--config-check-interval=5s", "--kubeconfig=/k", "--tls-cert-file=/c",
-		"--tls-key-file=/k.key", "--tls-ca-file=/ca", "--tls-server-name=cp.example", "--peer-token-file=/t",
+		"--tls-key-file=/k.key", "--tls-ca-file=/ca", "--tls-server-name=cp.example", "--peer-token-file=/t", "--ca-configmap=",
 		"--agent-service-account= a/b , c/d,", "--rollouts=false", "--rollout-lease=bad", "--advertise-address=198.18.1.11:18000",
 		"--peers=198.18.1.12:18000, 198.18.1.13:18000", "--peer-service=vsplane-system/vsplane-controlplane-peers", "--debug",
 		"--masquerade-all=false", "--auth-api-qps=7")
@@ -192,6 +194,7 @@ func TestParseCommandLineErrorsNameTheFlag(t *testing.T) {
 		{"service account", []string{"--agent-service-account=vsplane-system/a,agent"}, `--agent-service-account "agent": want namespace/name`},
 		{"rollout lease", []string{"--rollout-lease=leader"}, `--rollout-lease "leader": want namespace/name`},
 		{"peer service", []string{"--peer-service=a/b/c"}, `--peer-service "a/b/c": want namespace/name`},
+		{"CA ConfigMap", []string{"--ca-configmap=vsplane-controlplane-ca"}, `--ca-configmap "vsplane-controlplane-ca": want namespace/name`},
 		{"file setting given as a flag", []string{"--scheduler=foo"}, `config flags: invalid: ipvs.scheduler "foo"`},
 		{"all problems on one line", []string{"--max-inflight-deltas=0", "--min-sync-interval=0s"},
 			`controlPlane.minSyncInterval "0s": must be > 0; controlPlane.maxInflightDeltas 0: must be >= 1`},

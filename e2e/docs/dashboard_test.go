@@ -272,12 +272,12 @@ func TestQueryCheckCatchesMistakes(t *testing.T) {
 	cat := loadCatalog(t)
 	jobs := map[string]string{"controlplane": "$controlplane_job", "agent": "$agent_job"}
 	for expr, want := range map[string]string{
-		`sum(rate(vsplane_controlplane_deltas_sent{job=~"$controlplane_job"}[5m]))`: "no binary exports it",
+		`sum(rate(vsplane_controlplane_deltas_sent{job=~"$controlplane_job"}[5m]))`:                  "no binary exports it",
 		`sum by (node) (vsplane_controlplane_deltas_sent_total{job=~"$controlplane_job"})`:           `groups by "node"`,
 		`vsplane_controlplane_nacks_total{job=~"$controlplane_job",reason="x"}`:                      `has no label "reason"`,
 		`vsplane_agent_held_removals{job=~"$controlplane_job"}`:                                      "want the agent job variable",
 		`process_resident_memory_bytes`:                                                              "job variable",
-		`vsplane_controlplane_nothing_bucket{job=~"$controlplane_job"}`:                           "no binary exports it",
+		`vsplane_controlplane_nothing_bucket{job=~"$controlplane_job"}`:                              "no binary exports it",
 		`vsplane_controlplane_connected_agents_bucket{job=~"$controlplane_job"}`:                     "not a histogram",
 		`histogram_quantil(0.9, rate(kubeproxy_network_programming_duration_seconds_bucket[5m]))`:    "not a PromQL function",
 		`sum(rate(vsplane_controlplane_deltas_sent_total{job=~"$controlplane_job"}[5m])`:             "not closed",

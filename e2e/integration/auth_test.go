@@ -93,7 +93,8 @@ func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 	// TokenReview authentication and the inspection authorization from
 	// Security.
 	replica, _ := runReplica(t, ctx, app.Config{REST: asCP, KubeAPIQPS: 50, AuthAPIQPS: 50, GRPCListener: ln,
-		Security: &app.Security{CertFile: files.Cert, KeyFile: files.Key, AgentServiceAccounts: []string{sysNS + "/vsplane-agent"}},
+		Security: &app.Security{CertFile: files.Cert, KeyFile: files.Key, AgentServiceAccounts: []string{sysNS + "/vsplane-agent"},
+			CAFile: files.CA, CAConfigMap: sysNS + "/vsplane-controlplane-ca"},
 		Rollouts: true, RolloutLease: sysNS + "/vsplane-rollout-leader"})
 	awaitReady(t, replica, converge)
 	eventually(t, converge, func() string {
@@ -102,6 +103,7 @@ func TestAuthenticatedAgentsAndAuthorizedInspection(t *testing.T) {
 		}
 		return ""
 	})
+	checkCAPublished(t, ctx, env, kube, files.CA)
 	cli, err := tlsfiles.NewClient(files.CA, testpki.ServerName)
 	if err != nil {
 		t.Fatal(err)
@@ -398,4 +400,39 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// checkCAPublished: the replica, with deploy/rbac.yaml's permissions only,
+// published its CA bundle in ConfigMap vsplane-controlplane-ca, and any
+// authenticated user (here a ServiceAccount bound to nothing) may read it
+// but not the other ConfigMaps of the namespace.
+func checkCAPublished(t *testing.T, ctx context.Context, env *kubeenv.Env, kube kubernetes.Interface, caFile string) {
+	t.Helper()
+	want, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "nobody"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := kube.CoreV1().ServiceAccounts("default").CreateToken(ctx, "nobody", &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asNobody := rest.AnonymousClientConfig(env.RESTConfig())
+	asNobody.BearerToken = tok.Status.Token
+	nobody := kubernetes.NewForConfigOrDie(asNobody)
+	eventually(t, converge, func() string {
+		cm, err := nobody.CoreV1().ConfigMaps(sysNS).Get(ctx, "vsplane-controlplane-ca", metav1.GetOptions{})
+		if err != nil {
+			return fmt.Sprintf("an authenticated user reads the CA ConfigMap: %v", err)
+		}
+		if cm.Data[app.CABundleKey] != string(want) {
+			return fmt.Sprintf("published bundle %q, want the CA file's", cm.Data[app.CABundleKey])
+		}
+		return ""
+	})
+	if _, err := nobody.CoreV1().ConfigMaps(sysNS).List(ctx, metav1.ListOptions{}); err == nil {
+		t.Error("an authenticated user may list the namespace's ConfigMaps; want only the CA bundle readable")
+	}
 }
