@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -180,5 +182,24 @@ func TestChoosePod(t *testing.T) {
 	noPort.Spec.Ports[1].Name = "other"
 	if _, _, err := choosePod(noPort, nil); err == nil || !strings.Contains(err.Error(), `no port named "grpc"`) {
 		t.Errorf("no grpc port: %v", err)
+	}
+}
+
+// portForward reads the Service and its Pods through the API before it
+// dials anything: a missing Service or no Ready Pod fails with advice.
+func TestPortForwardFindsNoPod(t *testing.T) {
+	ctx := context.Background()
+	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
+	kube := fake.NewClientset()
+	if _, _, err := portForward(ctx, cfg, kube, DefaultNamespace, io.Discard); err == nil || !strings.Contains(err.Error(), "--address") {
+		t.Fatalf("no Service: %v", err)
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: DefaultNamespace, Name: ServiceName},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "vsplane-controlplane"}, Ports: []corev1.ServicePort{{Name: PortName, Port: 18000}}}}
+	notReady := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: DefaultNamespace, Name: "cp-0", Labels: map[string]string{"app": "vsplane-controlplane"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	kube = fake.NewClientset(svc, notReady)
+	if _, _, err := portForward(ctx, cfg, kube, DefaultNamespace, io.Discard); err == nil || !strings.Contains(err.Error(), "cp-0 (not Ready)") {
+		t.Fatalf("no Ready Pod: %v", err)
 	}
 }
