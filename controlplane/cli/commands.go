@@ -112,15 +112,11 @@ func (o *options) connect(ctx context.Context) (*Conn, error) {
 	if err := checkOutput(o.output); err != nil {
 		return nil, err
 	}
-	cfg, err := o.kube.ToRESTConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
 	t := o.target
 	if o.kube.Namespace != nil {
 		t.Namespace = *o.kube.Namespace
 	}
-	return Connect(ctx, cfg, t, o.stderr)
+	return Connect(ctx, o.kube.ToRESTConfig, t, o.stderr)
 }
 
 func (o *options) statusCommand() *cobra.Command {

@@ -81,22 +81,45 @@ func (c *Conn) Close() {
 }
 
 // Connect reaches the control plane described by t with the credentials of
-// cfg (the user's kubeconfig): the token (t.Token, else the kubeconfig's
-// bearer token, token file, exec or auth-provider plugin), the CA (t.CAFile,
-// else the ConfigMap), and the address (t.Address, else a port-forward).
-func Connect(ctx context.Context, cfg *rest.Config, t Target, stderr io.Writer) (*Conn, error) {
+// the user's kubeconfig (restConfig, read only if needed): the token
+// (t.Token, else the kubeconfig's bearer token, token file, exec or
+// auth-provider plugin), the CA (t.CAFile, else the ConfigMap), and the
+// address (t.Address, else a port-forward). With all three given, no
+// kubeconfig is needed.
+func Connect(ctx context.Context, restConfig func() (*rest.Config, error), t Target, stderr io.Writer) (*Conn, error) {
+	var cfg *rest.Config
+	var kube kubernetes.Interface
+	kubeconfig := func() error {
+		if cfg != nil {
+			return nil
+		}
+		c, err := restConfig()
+		if err != nil {
+			return fmt.Errorf("kubeconfig: %w", err)
+		}
+		if kube, err = kubernetes.NewForConfig(c); err != nil {
+			return err
+		}
+		cfg = c
+		return nil
+	}
 	token := t.Token
 	if token == "" {
+		if err := kubeconfig(); err != nil {
+			return nil, err
+		}
 		var err error
 		if token, err = BearerToken(cfg); err != nil {
 			return nil, err
 		}
 	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
+	var caPEM []byte
+	var err error
+	if t.CAFile != "" {
+		caPEM, err = os.ReadFile(t.CAFile)
+	} else if err = kubeconfig(); err == nil {
+		caPEM, err = caFromConfigMap(ctx, kube, t.namespace())
 	}
-	caPEM, err := loadCA(ctx, kube, t)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +129,9 @@ func Connect(ctx context.Context, cfg *rest.Config, t Target, stderr io.Writer) 
 	}
 	addr, stop := t.Address, func() {}
 	if addr == "" {
+		if err := kubeconfig(); err != nil {
+			return nil, err
+		}
 		if addr, stop, err = portForward(ctx, cfg, kube, t.namespace(), stderr); err != nil {
 			return nil, err
 		}
@@ -155,21 +181,18 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// loadCA reads t.CAFile, else the CA ConfigMap.
-func loadCA(ctx context.Context, kube kubernetes.Interface, t Target) ([]byte, error) {
-	if t.CAFile != "" {
-		return os.ReadFile(t.CAFile)
-	}
-	cm, err := kube.CoreV1().ConfigMaps(t.namespace()).Get(ctx, CAConfigMap, metav1.GetOptions{})
+// caFromConfigMap reads the CA the control plane publishes.
+func caFromConfigMap(ctx context.Context, kube kubernetes.Interface, ns string) ([]byte, error) {
+	cm, err := kube.CoreV1().ConfigMaps(ns).Get(ctx, CAConfigMap, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("no ConfigMap %s/%s with the control plane's CA (an older control plane?): pass --certificate-authority FILE", t.namespace(), CAConfigMap)
+		return nil, fmt.Errorf("no ConfigMap %s/%s with the control plane's CA (an older control plane?): pass --certificate-authority FILE", ns, CAConfigMap)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the control plane's CA from ConfigMap %s/%s: %w", t.namespace(), CAConfigMap, err)
+		return nil, fmt.Errorf("reading the control plane's CA from ConfigMap %s/%s: %w", ns, CAConfigMap, err)
 	}
 	ca := cm.Data[CAKey]
 	if ca == "" {
-		return nil, fmt.Errorf("ConfigMap %s/%s has no %q", t.namespace(), CAConfigMap, CAKey)
+		return nil, fmt.Errorf("ConfigMap %s/%s has no %q", ns, CAConfigMap, CAKey)
 	}
 	return []byte(ca), nil
 }
