@@ -160,15 +160,21 @@ func Status(ctx context.Context, insp vsplanev1.InspectServiceClient) (StatusRep
 			if err != nil {
 				return err
 			}
-			r.Nodes[i] = newNodeStatus(a, st)
+			// GetNodeStatus's AgentInfo is whole (ListAgents omits the
+			// NACKed names with omit_versions) and newer.
+			if st.GetAgent() != nil {
+				a = st.GetAgent()
+			}
+			r.Nodes[i] = newNodeStatus(a, st.GetStatus())
 			return nil
 		})
 	}
 	return r, g.Wait()
 }
 
-// nodeStatus is the agent's last report; nil when it has gone since.
-func nodeStatus(ctx context.Context, insp vsplanev1.InspectServiceClient, node string) (*vsplanev1.AgentStatus, error) {
+// nodeStatus is the node's stream state and the agent's last report; nil
+// when the agent is not connected (any more).
+func nodeStatus(ctx context.Context, insp vsplanev1.InspectServiceClient, node string) (*vsplanev1.GetNodeStatusResponse, error) {
 	st, err := insp.GetNodeStatus(ctx, &vsplanev1.GetNodeStatusRequest{NodeName: node})
 	if status.Code(err) == codes.NotFound {
 		return nil, nil
@@ -176,7 +182,7 @@ func nodeStatus(ctx context.Context, insp vsplanev1.InspectServiceClient, node s
 	if err != nil {
 		return nil, fmt.Errorf("status of node %s: %w", node, err)
 	}
-	return st.GetStatus(), nil
+	return st, nil
 }
 
 func (o *options) explainCommand() *cobra.Command {
@@ -247,7 +253,7 @@ func Explain(ctx context.Context, insp vsplanev1.InspectServiceClient, ns, name,
 			if err != nil {
 				return err
 			}
-			out[i] = newExplanation(r, st)
+			out[i] = newExplanation(r, st.GetStatus())
 			return nil
 		})
 	}

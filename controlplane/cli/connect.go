@@ -184,11 +184,11 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // caFromConfigMap reads the CA the control plane publishes.
 func caFromConfigMap(ctx context.Context, kube kubernetes.Interface, ns string) ([]byte, error) {
 	cm, err := kube.CoreV1().ConfigMaps(ns).Get(ctx, CAConfigMap, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("no ConfigMap %s/%s with the control plane's CA (an older control plane?): pass --certificate-authority FILE", ns, CAConfigMap)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading the control plane's CA from ConfigMap %s/%s: %w", ns, CAConfigMap, err)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("no ConfigMap %s/%s with the control plane's CA (an older control plane, or another namespace: -n): pass --certificate-authority FILE", ns, CAConfigMap)
+	case err != nil:
+		return nil, fmt.Errorf("reading the control plane's CA from ConfigMap %s/%s: %w (or pass --certificate-authority FILE)", ns, CAConfigMap, err)
 	}
 	ca := cm.Data[CAKey]
 	if ca == "" {

@@ -33,7 +33,12 @@ func (inspector) ListAgents(context.Context, *vsplanev1.ListAgentsRequest) (*vsp
 }
 
 func (inspector) GetNodeStatus(_ context.Context, r *vsplanev1.GetNodeStatusRequest) (*vsplanev1.GetNodeStatusResponse, error) {
-	return &vsplanev1.GetNodeStatusResponse{NodeName: r.GetNodeName(), Status: &vsplanev1.AgentStatus{}}, nil
+	// The AgentInfo of GetNodeStatus is whole: node-b's NACK shows.
+	var agent *vsplanev1.AgentInfo
+	if r.GetNodeName() == "node-b" {
+		agent = &vsplanev1.AgentInfo{NodeName: "node-b", Replica: "r1", PendingResources: 1, Nacked: map[string]string{"svc/default/web": "v1: no mh"}}
+	}
+	return &vsplanev1.GetNodeStatusResponse{NodeName: r.GetNodeName(), Agent: agent, Status: &vsplanev1.AgentStatus{}}, nil
 }
 
 func (inspector) GetNodeSnapshot(_ context.Context, r *vsplanev1.GetNodeSnapshotRequest) (*vsplanev1.GetNodeSnapshotResponse, error) {
@@ -95,7 +100,7 @@ func TestMainExitCodes(t *testing.T) {
 		stdout string
 		stderr string
 	}{
-		{[]string{"status", "--token", "good", "--certificate-authority", caFile}, cli.ExitNotInSync, "node-b  r1       BEHIND 1", ""},
+		{[]string{"status", "--token", "good", "--certificate-authority", caFile}, cli.ExitNotInSync, "node-b  r1       NACKED 1", ""},
 		{[]string{"snapshot", "node-a", "--token", "good", "--certificate-authority", caFile, "-o", "yaml"}, cli.ExitOK, "nodeName: node-a", ""},
 		{[]string{"snapshot", "node-z", "--token", "good", "--certificate-authority", caFile}, cli.ExitNotFound, "", `node "node-z" is not known`},
 		{[]string{"rollout", "status", "x", "--token", "good", "--certificate-authority", caFile}, cli.ExitError, "", "Unimplemented"},
