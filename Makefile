@@ -11,7 +11,7 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 GRPCURL_VERSION            ?= v1.9.4
 CONTROLLER_GEN_VERSION     ?= v0.23.0
 
-.PHONY: all tools proto generate build test test-unit test-race fuzz lint check-generated demo kube nodes vm-deps bench bench-vm bench-kubeproxy conformance conformance-quick images images-relock clean
+.PHONY: all tools proto generate build kubectl-vsplane test test-unit test-race fuzz lint check-generated demo kube nodes vm-deps bench bench-vm bench-kubeproxy conformance conformance-quick images images-relock clean
 
 all: build
 
@@ -44,6 +44,11 @@ proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 ## build: all binaries into bin/ (static, so they also run inside the VM)
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./controlplane/cmd/... ./dataplane/cmd/...
+
+## kubectl-vsplane: the kubectl plugin into bin/ (put bin/ on PATH, or copy it there:
+## `kubectl vsplane status`); `make build` builds it too
+kubectl-vsplane:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./controlplane/cmd/kubectl-vsplane
 
 ## images: OCI images vsplane-controlplane and vsplane-agent without a container engine
 ## (scripts/images, go-containerregistry), reproducible: OCI layouts and docker-save tarballs

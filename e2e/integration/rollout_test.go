@@ -136,22 +136,7 @@ func TestSchedulerRollouts(t *testing.T) {
 
 	create := func(name, sched string, mutate func(*v1alpha1.SchedulerRollout)) {
 		t.Helper()
-		ro := &v1alpha1.SchedulerRollout{
-			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "SchedulerRollout"},
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: v1alpha1.SchedulerRolloutSpec{Scheduler: sched,
-				ServiceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
-		}
-		if mutate != nil {
-			mutate(ro)
-		}
-		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ro)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := dyn.Resource(v1alpha1.Resource).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		createRollout(t, ctx, dyn, name, sched, mutate)
 	}
 	get := func(name string) *v1alpha1.SchedulerRollout {
 		t.Helper()
@@ -385,6 +370,28 @@ func TestSchedulerRollouts(t *testing.T) {
 }
 
 var otherIP string
+
+// createRollout creates a SchedulerRollout of the Services labelled
+// app=web to sched; mutate (if not nil) changes it first.
+func createRollout(t *testing.T, ctx context.Context, dyn dynamic.Interface, name, sched string, mutate func(*v1alpha1.SchedulerRollout)) {
+	t.Helper()
+	ro := &v1alpha1.SchedulerRollout{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "SchedulerRollout"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.SchedulerRolloutSpec{Scheduler: sched,
+			ServiceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
+	}
+	if mutate != nil {
+		mutate(ro)
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(v1alpha1.Resource).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
 
 func assertEvents(t *testing.T, ctx context.Context, kube kubernetes.Interface, name string, reasons ...string) {
 	t.Helper()
