@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/vsplane/vsplane/e2e/helmchart"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
 	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/nodes"
@@ -63,6 +64,11 @@ type RealOptions struct {
 	// VMMemoryMB is the guest's memory (default 6144: two nodes' containerd
 	// content stores and Pods live in tmpfs).
 	VMMemoryMB int
+	// FromChart installs vsplane from the Helm chart (deploy/helm/vsplane
+	// with ci/testbed-values.yaml, rendered with Helm's SDK) instead of the
+	// testbed overlay: the same objects (e2e/integration checks the two
+	// agree), installed the other way users install it.
+	FromChart bool
 	// SkipVsplane leaves the proxy (and CoreDNS, which needs its
 	// Services) undeployed: DeployVsplane or StartKubeProxies, then
 	// DeployDNS, do it later.
@@ -424,18 +430,25 @@ func (c *RealCluster) Kubectl(ctx context.Context, stdin []byte, args ...string)
 	return stdout.String(), nil
 }
 
-// DeployVsplane deploys vsplane the way a user does: the Secret with the
-// control plane's serving certificate (a user's PKI), then `kubectl apply
+// DeployVsplane deploys vsplane the way a user does: `kubectl apply
 // --server-side -k` of the testbed overlay with the apiserver's address on
-// top, and waits until both replicas are available and every node's agent
+// top (or, with FromChart, the chart rendered with the test bed's values),
+// then the Secret with the control plane's serving certificate (a user's
+// PKI), and waits until both replicas are available and every node's agent
 // is ready.
 func (c *RealCluster) DeployVsplane(ctx context.Context) error {
-	overlay, err := c.writeOverlay()
-	if err != nil {
-		return err
-	}
-	if _, err := c.Kubectl(ctx, nil, "apply", "--server-side", "-k", overlay); err != nil {
-		return err
+	if c.opts.FromChart {
+		if err := c.installChart(ctx); err != nil {
+			return err
+		}
+	} else {
+		overlay, err := c.writeOverlay()
+		if err != nil {
+			return err
+		}
+		if _, err := c.Kubectl(ctx, nil, "apply", "--server-side", "-k", overlay); err != nil {
+			return err
+		}
 	}
 	if err := c.createTLSSecret(ctx); err != nil {
 		return err
@@ -502,6 +515,35 @@ patches:
         value: {name: KUBERNETES_SERVICE_PORT, value: "%d"}
 `, rel, vm.HostLoopIP, c.APIPort)
 	return dir, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
+}
+
+// installChart renders the chart with the test bed's values file and, as
+// writeOverlay adds, where the replicas reach the apiserver; creates the
+// release namespace (helm install --create-namespace) and applies the
+// objects server-side.
+func (c *RealCluster) installChart(ctx context.Context) error {
+	vals, err := helmchart.ReadValues(filepath.Join(c.Root, helmchart.Dir, "ci", "testbed-values.yaml"))
+	if err != nil {
+		return err
+	}
+	cp, ok := vals["controlplane"].(map[string]any)
+	if !ok {
+		return errors.New("cluster: ci/testbed-values.yaml has no controlplane values")
+	}
+	cp["extraEnv"] = []any{
+		map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": vm.HostLoopIP},
+		map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": strconv.Itoa(c.APIPort)},
+	}
+	objs, err := helmchart.Render(c.Root, vals)
+	if err != nil {
+		return fmt.Errorf("cluster: render the chart: %w", err)
+	}
+	if _, err := c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: helmchart.Namespace}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	_, err = c.Kubectl(ctx, objs, "apply", "--server-side", "-f", "-")
+	return err
 }
 
 // createTLSSecret creates vsplane-controlplane-tls from a CA of the test's

@@ -12,17 +12,15 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/v2/lint"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
-	"helm.sh/helm/v4/pkg/chart/v2/loader"
-	release "helm.sh/helm/v4/pkg/release/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vsplane/vsplane/controlplane/config"
 	"github.com/vsplane/vsplane/controlplane/model"
 	"github.com/vsplane/vsplane/dataplane/agentconfig"
+	"github.com/vsplane/vsplane/e2e/helmchart"
 	"github.com/vsplane/vsplane/e2e/kubeenv"
 )
 
@@ -31,8 +29,8 @@ import (
 // They use Helm's Go SDK as `helm template`, `helm lint` and `helm install`
 // would, with the namespace the base uses.
 const (
-	chartDir       = "../../deploy/helm/vsplane"
-	chartNamespace = "vsplane-system"
+	chartDir       = "../../" + helmchart.Dir
+	chartNamespace = helmchart.Namespace
 )
 
 // chartValuesFiles are the documented values files (README, Install).
@@ -47,34 +45,15 @@ func chartValuesFiles(t *testing.T) []string {
 
 func readValues(t *testing.T, file string) map[string]any {
 	t.Helper()
-	vals, err := common.ReadValuesFile(file)
+	vals, err := helmchart.ReadValues(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return vals
 }
 
-// renderChart renders the chart with vals as `helm install --dry-run`
-// (client only: no cluster) would, CRDs included, values checked against
-// values.schema.json. It returns the objects as one YAML stream.
 func renderChart(vals map[string]any) ([]byte, error) {
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		return nil, err
-	}
-	inst := action.NewInstall(action.NewConfiguration())
-	inst.DryRunStrategy = action.DryRunClient
-	inst.ReleaseName = "vsplane"
-	inst.Namespace = chartNamespace
-	inst.IncludeCRDs = true
-	if inst.KubeVersion, err = common.ParseKubeVersion("v1.37.2"); err != nil {
-		return nil, err
-	}
-	rel, err := inst.Run(ch, vals)
-	if err != nil {
-		return nil, err
-	}
-	return []byte(rel.(*release.Release).Manifest), nil
+	return helmchart.Render(filepath.Join("..", ".."), vals)
 }
 
 func mustRenderChart(t *testing.T, valuesFile string) []byte {
@@ -473,7 +452,7 @@ func TestHelmSchemaSchedulers(t *testing.T) {
 func TestHelmLint(t *testing.T) {
 	for _, file := range chartValuesFiles(t) {
 		t.Run(strings.TrimSuffix(filepath.Base(file), "-values.yaml"), func(t *testing.T) {
-			kv, err := common.ParseKubeVersion("v1.37.2")
+			kv, err := common.ParseKubeVersion(helmchart.KubeVersion)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,7 +2,10 @@
 // VM test bed (e2e/cluster.StartReal): kubelets start the Pods, the
 // EndpointSlice controller writes the slices, CoreDNS answers through a
 // ClusterIP, and vsplane runs as a Deployment and a DaemonSet from its own
-// images, applied with `kubectl apply -k` from deploy/overlays/testbed. One
+// images, installed from its Helm chart (deploy/helm/vsplane with
+// ci/testbed-values.yaml; the conformance runs and `make demo REAL_NODES=1`
+// apply deploy/overlays/testbed, which e2e/integration checks holds the same
+// objects). One
 // cluster serves every test (TestRealNodes' steps run in order; the last
 // ones break and repair things).
 package realnodes
@@ -30,7 +33,7 @@ var (
 func TestMain(m *testing.M) {
 	log, _ := zap.NewDevelopment()
 	t0 := time.Now()
-	rc, startErr = cluster.StartReal(context.Background(), cluster.RealOptions{Log: log.Named("real")})
+	rc, startErr = cluster.StartReal(context.Background(), cluster.RealOptions{FromChart: true, Log: log.Named("real")})
 	started = time.Since(t0)
 	code := m.Run()
 	if rc != nil {
@@ -52,6 +55,7 @@ func TestRealNodes(t *testing.T) {
 		run  func(t *testing.T)
 	}{
 		{"VsplaneRunsFromItsManifests", testVsplaneFromManifests},
+		{"KubectlPluginThroughPortForward", testKubectlPlugin},
 		{"PodReachesServiceByName", testServiceByName},
 		{"NodePortFromOutside", testNodePortFromOutside},
 		{"SessionAffinityClientIP", testSessionAffinity},

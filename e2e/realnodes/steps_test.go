@@ -78,6 +78,9 @@ func testVsplaneFromManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := ds.Labels["app.kubernetes.io/managed-by"]; got != "Helm" {
+		t.Errorf("the agent DaemonSet is managed by %q, want Helm (installed from the chart)", got)
+	}
 	projected := false
 	for _, v := range ds.Spec.Template.Spec.Volumes {
 		if v.Projected != nil {
