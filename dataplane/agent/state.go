@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -31,8 +33,12 @@ const stateFileName = "applied-state.pb"
 // the control plane resends a few resources.
 const saveInterval = time.Second
 
-// deltaResources is the field number of Delta.resources.
-var deltaResources = (&vsplanev1.Delta{}).ProtoReflect().Descriptor().Fields().ByName("resources").Number()
+// Field numbers of Delta.resources, Resource.name and Resource.version.
+var (
+	deltaResources  = (&vsplanev1.Delta{}).ProtoReflect().Descriptor().Fields().ByName("resources").Number()
+	resourceName    = (&vsplanev1.Resource{}).ProtoReflect().Descriptor().Fields().ByName("name").Number()
+	resourceVersion = (&vsplanev1.Resource{}).ProtoReflect().Descriptor().Fields().ByName("version").Number()
+)
 
 // persistentApplier wraps the reconciler: it restores the previously applied
 // resources at start and saves them after applies.
@@ -41,6 +47,13 @@ var deltaResources = (&vsplanev1.Delta{}).ProtoReflect().Descriptor().Fields().B
 // node's full state. So the first Delta after a restore is widened to the
 // restored resources plus the Delta's changes, with replace_all set: the
 // reconciler compares all of it with the kernel and writes only what differs.
+//
+// The file is the only whole copy of the applied resources: the applier holds
+// the encodings of what changed since the last save (pending), and save
+// streams the previous file, replacing those, into the new one. Holding an
+// encoding of every resource instead cost 9 MB of the agent's live heap at
+// 10,000 Services (plus that much again while saving), beside the file's own
+// 9 MB on the tmpfs.
 type persistentApplier struct {
 	inner client.Applier
 	path  string
@@ -48,19 +61,18 @@ type persistentApplier struct {
 
 	mu       sync.Mutex
 	restored map[string]*vsplanev1.Resource // until the first Apply
-	known    map[string]storedResource      // latest content seen per name
-	dirty    chan struct{}
+	// pending are the encodings received since the last save, by name: the
+	// latest content of each. One whose version the reconciler does not hold
+	// yet (still being applied, or refused) stays pending.
+	pending map[string]storedResource
+	dirty   chan struct{}
 }
 
-// storedResource is a resource as the state file will hold it: its version
-// and its wire encoding. Keeping the decoded messages instead (a message per
-// real server and ipset entry, each string allocated apart) cost about 3.5
-// KB per Service of 2 ports × 10 endpoints, 35 MB at 10,000 Services: the
-// largest part of the agent's heap. The encoding is a fifth of that, and
-// save writes it as it is.
+// storedResource is a resource as the state file holds it: its version and
+// its deterministic wire encoding.
 type storedResource struct {
 	version string
-	wire    []byte // deterministic encoding of the Resource
+	wire    []byte
 }
 
 // encodeForState returns r as the state file holds it (ok false: r cannot be
@@ -78,20 +90,19 @@ func newPersistentApplier(inner client.Applier, dir string, log *zap.Logger) (*p
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	p := &persistentApplier{inner: inner, path: filepath.Join(dir, stateFileName), log: log,
-		known: map[string]storedResource{}, dirty: make(chan struct{}, 1)}
+		pending: map[string]storedResource{}, dirty: make(chan struct{}, 1)}
 	restored, err := loadState(p.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
-		// A damaged file costs one full resync, never wrong kernel state.
+		// A damaged file costs one full resync, never wrong kernel state;
+		// the next save must not carry any of it over.
 		log.Warn("ignoring unreadable state file; the control plane will resend everything", zap.String("path", p.path), zap.Error(err))
+		if err := os.Remove(p.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("remove unreadable state file: %w", err)
+		}
 	default:
 		p.restored = restored
-		for n, r := range restored {
-			if sr, ok := encodeForState(r); ok {
-				p.known[n] = sr
-			}
-		}
 		log.Info("restored applied state", zap.String("path", p.path), zap.Int("resources", len(restored)))
 	}
 	return p, nil
@@ -135,21 +146,27 @@ func (p *persistentApplier) Versions() map[string]string {
 // Apply implements client.Applier.
 func (p *persistentApplier) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplanev1.Ack {
 	p.mu.Lock()
-	if p.restored != nil && delta != nil {
-		delta = widen(p.restored, delta)
-		p.restored = nil
+	if delta.GetReplaceAll() {
+		// Everything else is gone: nothing pending of it may reach the file.
+		clear(p.pending)
 	}
+	for _, n := range delta.GetRemoved() {
+		delete(p.pending, n)
+	}
+	// The Delta's own resources only: restored ones a widened first Delta
+	// adds are in the file already, as they are.
 	for _, r := range delta.GetResources() {
 		if sr, ok := encodeForState(r); ok {
-			p.known[r.GetName()] = sr
+			p.pending[r.GetName()] = sr
 		} else {
 			// Left out of the file: a restart has it resent.
-			delete(p.known, r.GetName())
+			delete(p.pending, r.GetName())
 			p.log.Warn("cannot encode a resource for the state file", zap.String("resource", r.GetName()))
 		}
 	}
-	for _, n := range delta.GetRemoved() {
-		delete(p.known, n)
+	if p.restored != nil && delta != nil {
+		delta = widen(p.restored, delta)
+		p.restored = nil
 	}
 	p.mu.Unlock()
 	ack := p.inner.Apply(ctx, delta)
@@ -205,32 +222,227 @@ func (p *persistentApplier) run(ctx context.Context) {
 
 // save writes the applied resources atomically (temp file + rename): a
 // Delta holding them in name order, encoded as proto.Marshal with
-// Deterministic would (each resource's stored encoding as field
-// resources), without decoding anything.
+// Deterministic would. Each resource the reconciler holds is taken from
+// pending if its version is the applied one, else from the previous file
+// if its version there is; a resource in neither is left out (a restart
+// has it resent). Nothing is decoded: the previous file is read one
+// resource at a time. save runs in one goroutine at a time (run's).
 func (p *persistentApplier) save() {
 	versions := p.inner.Versions()
-	names := slices.Sorted(maps.Keys(versions))
+	// An Apply between these two lines leaves its resources pending with a
+	// version versions does not hold yet: they stay pending (below).
 	p.mu.Lock()
-	size := 0
-	for _, n := range names {
-		if r, ok := p.known[n]; ok && r.version == versions[n] {
-			size += protowire.SizeTag(deltaResources) + protowire.SizeBytes(len(r.wire))
-		}
-	}
-	b := make([]byte, 0, size)
-	for _, n := range names {
-		if r, ok := p.known[n]; ok && r.version == versions[n] {
-			b = protowire.AppendTag(b, deltaResources, protowire.BytesType)
-			b = protowire.AppendBytes(b, r.wire)
-		}
-	}
+	pending := p.pending
+	p.pending = make(map[string]storedResource, len(pending)/8)
 	p.mu.Unlock()
-	tmp := p.path + ".tmp"
-	err := os.WriteFile(tmp, b, 0o600)
-	if err == nil {
-		err = os.Rename(tmp, p.path)
-	}
+
+	written, err := p.write(versions, pending)
 	if err != nil {
 		p.log.Warn("cannot save applied state; a restart will resync everything", zap.Error(err))
 	}
+	// What did not reach the file stays pending, unless a newer Apply
+	// replaced or removed it meanwhile (Apply only writes p.pending).
+	p.mu.Lock()
+	for n, sr := range pending {
+		if written[n] {
+			continue
+		}
+		if _, newer := p.pending[n]; !newer {
+			p.pending[n] = sr
+		}
+	}
+	p.mu.Unlock()
+}
+
+// write streams the previous file and pending into a new file and returns
+// the names written from pending.
+func (p *persistentApplier) write(versions map[string]string, pending map[string]storedResource) (map[string]bool, error) {
+	written := map[string]bool{}
+	var prev *stateReader
+	if f, err := os.Open(p.path); err == nil {
+		defer f.Close()
+		prev = &stateReader{r: bufio.NewReaderSize(f, 64<<10)}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		p.log.Warn("cannot read the previous state file; resources not changed since are left out of the new one", zap.Error(err))
+	}
+	tmp := p.path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return written, err
+	}
+	w := bufio.NewWriterSize(f, 64<<10)
+	var buf []byte
+	emit := func(wire []byte) error {
+		buf = protowire.AppendTag(buf[:0], deltaResources, protowire.BytesType)
+		buf = protowire.AppendVarint(buf, uint64(len(wire)))
+		if _, err := w.Write(buf); err != nil {
+			return err
+		}
+		_, err := w.Write(wire)
+		return err
+	}
+	for _, n := range slices.Sorted(maps.Keys(versions)) {
+		want := versions[n]
+		var from []byte
+		if sr, ok := pending[n]; ok && sr.version == want {
+			from = sr.wire
+			written[n] = true
+		} else if prev != nil {
+			if old, ok := prev.find(n); ok && old.version == want {
+				from = old.wire
+			}
+		}
+		if from == nil {
+			continue
+		}
+		if err := emit(from); err != nil {
+			f.Close()
+			return written, err
+		}
+	}
+	if prev != nil && prev.err != nil {
+		p.log.Warn("previous state file damaged; resources after the damage are left out of the new one", zap.Error(prev.err))
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return written, err
+	}
+	if err := f.Close(); err != nil {
+		return written, err
+	}
+	return written, os.Rename(tmp, p.path)
+}
+
+// stateReader reads a state file one resource at a time, for lookups by
+// name in ascending order (the order save writes).
+type stateReader struct {
+	r    *bufio.Reader
+	cur  storedResource // the resource read last; wire nil: none
+	name string
+	buf  []byte
+	err  error // a damaged file ends the reading
+	done bool
+}
+
+// find returns the resource called name, advancing past every resource
+// before it in name order. Resources out of order are skipped.
+func (s *stateReader) find(name string) (storedResource, bool) {
+	for !s.done && (s.cur.wire == nil || s.name < name) {
+		s.next()
+	}
+	if s.cur.wire != nil && s.name == name {
+		return s.cur, true
+	}
+	return storedResource{}, false
+}
+
+// next reads the following resource into cur (cur.wire nil and done at the
+// end or on damage).
+func (s *stateReader) next() {
+	last := s.name
+	s.cur = storedResource{}
+	for {
+		num, typ, err := readTag(s.r)
+		if err != nil {
+			s.fail(err)
+			return
+		}
+		if num != deltaResources || typ != protowire.BytesType {
+			s.fail(fmt.Errorf("unexpected field %d of type %d", num, typ))
+			return
+		}
+		n, err := binaryUvarint(s.r)
+		if err != nil || n > 1<<30 {
+			s.fail(fmt.Errorf("resource length: %v", err))
+			return
+		}
+		s.buf = slices.Grow(s.buf[:0], int(n))[:n]
+		if _, err := io.ReadFull(s.r, s.buf); err != nil {
+			s.fail(err)
+			return
+		}
+		name, version, err := nameAndVersion(s.buf)
+		if err != nil {
+			s.fail(err)
+			return
+		}
+		if last != "" && name <= last {
+			continue // out of order (never written so): left out
+		}
+		s.name, s.cur = name, storedResource{version: version, wire: s.buf}
+		return
+	}
+}
+
+func (s *stateReader) fail(err error) {
+	s.done = true
+	if !errors.Is(err, io.EOF) {
+		s.err = err
+	}
+}
+
+// readTag reads a field tag from r (io.EOF at a clean end).
+func readTag(r io.ByteReader) (protowire.Number, protowire.Type, error) {
+	v, err := binaryUvarint(r)
+	if err != nil {
+		return 0, 0, err
+	}
+	num, typ := protowire.DecodeTag(v)
+	if num < protowire.MinValidNumber {
+		return 0, 0, fmt.Errorf("invalid field number %d", num)
+	}
+	return num, typ, nil
+}
+
+// binaryUvarint reads a varint; io.EOF only when nothing was read.
+func binaryUvarint(r io.ByteReader) (uint64, error) {
+	var v uint64
+	for i := 0; i < 10; i++ {
+		b, err := r.ReadByte()
+		if err != nil {
+			if i > 0 && errors.Is(err, io.EOF) {
+				return 0, io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+		v |= uint64(b&0x7f) << (7 * i)
+		if b < 0x80 {
+			return v, nil
+		}
+	}
+	return 0, errors.New("varint overflow")
+}
+
+// nameAndVersion reads Resource.name and Resource.version from an encoded
+// Resource without decoding the rest.
+func nameAndVersion(b []byte) (name, version string, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", "", protowire.ParseError(n)
+		}
+		b = b[n:]
+		if (num == resourceName || num == resourceVersion) && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", "", protowire.ParseError(m)
+			}
+			if num == resourceName {
+				name = string(v)
+			} else {
+				version = string(v)
+			}
+			b = b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return "", "", protowire.ParseError(m)
+		}
+		b = b[m:]
+	}
+	if name == "" || version == "" {
+		return "", "", errors.New("resource without name or version")
+	}
+	return name, version, nil
 }

@@ -3,6 +3,9 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -123,5 +126,150 @@ func TestSaveWritesTheDeltaEncoding(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("state file differs from the Delta's encoding:\n got %x\nwant %x", got, want)
+	}
+}
+
+// savedVersions is what the state file in dir holds: name -> version.
+func savedVersions(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	got, err := loadState(filepath.Join(dir, stateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for n, r := range got {
+		out[n] = r.GetVersion()
+	}
+	return out
+}
+
+func mustAck(t *testing.T, p *persistentApplier, d *vsplanev1.Delta) {
+	t.Helper()
+	if ack := p.Apply(context.Background(), d); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_ACK {
+		t.Fatalf("apply %s: %v", d.GetNonce(), ack)
+	}
+}
+
+// TestSaveCarriesTheFileOver: the applier holds only what changed since
+// the last save; everything else comes from the previous file, also after
+// a restart, and removed resources leave it.
+func TestSaveCarriesTheFileOver(t *testing.T) {
+	dir, mem := t.TempDir(), memory.New()
+	web, a, b := webResource(t, "198.19.1.10"), memService(1), memService(2)
+	p := newStateApplier(t, mem, dir)
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{web, a, b, memSettings()}})
+	p.save()
+	if n := len(p.pending); n != 0 {
+		t.Fatalf("%d resources still pending after a save", n)
+	}
+	want := p.inner.Versions()
+	if got := savedVersions(t, dir); !maps.Equal(got, want) {
+		t.Fatalf("file holds %v, want %v", got, want)
+	}
+
+	// One change and one removal: the rest is streamed from the old file.
+	web2 := webResource(t, "198.19.1.11")
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{web2}, Removed: []string{a.GetName()}})
+	p.save()
+	want = map[string]string{web2.GetName(): web2.GetVersion(), b.GetName(): b.GetVersion(), reconcile.SettingsResource: memSettings().GetVersion()}
+	if got := savedVersions(t, dir); !maps.Equal(got, want) {
+		t.Fatalf("after a change and a removal the file holds %v, want %v", got, want)
+	}
+
+	// A restart with nothing new, then a save: the file is unchanged.
+	before, err := os.ReadFile(filepath.Join(dir, stateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2 := newStateApplier(t, mem, dir)
+	mustAck(t, p2, &vsplanev1.Delta{Nonce: "1"})
+	p2.save()
+	after, err := os.ReadFile(filepath.Join(dir, stateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Fatalf("a restart and a save changed the file:\nbefore %x\n after %x", before, after)
+	}
+}
+
+// TestSaveKeepsTheAppliedVersion: the file holds the versions the
+// reconciler holds, never a refused one, and an encoding whose
+// version the reconciler does not hold yet stays pending for the next save.
+func TestSaveKeepsTheAppliedVersion(t *testing.T) {
+	dir := t.TempDir()
+	p := newStateApplier(t, memory.New(), dir)
+	web := webResource(t, "198.19.1.10")
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{web}})
+	p.save()
+	bad := webResource(t, "not-an-address")
+	if ack := p.Apply(context.Background(), &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{bad}}); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK {
+		t.Fatalf("apply of a bad resource: %v", ack)
+	}
+	p.save()
+	if got := savedVersions(t, dir); !maps.Equal(got, p.inner.Versions()) || got[web.GetName()] == bad.GetVersion() {
+		t.Fatalf("after a NACK the file holds %v, the reconciler %v", got, p.inner.Versions())
+	}
+
+	// An encoding recorded but not applied yet (Apply records before it
+	// applies; save may run in between).
+	other := memService(3)
+	sr, ok := encodeForState(other)
+	if !ok {
+		t.Fatal("cannot encode")
+	}
+	p.mu.Lock()
+	p.pending[other.GetName()] = sr
+	p.mu.Unlock()
+	p.save()
+	if _, ok := savedVersions(t, dir)[other.GetName()]; ok {
+		t.Fatal("a resource the reconciler does not hold reached the file")
+	}
+	if _, ok := p.pending[other.GetName()]; !ok {
+		t.Fatal("an encoding not applied yet was dropped from pending")
+	}
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "3", Resources: []*vsplanev1.Resource{other}})
+	p.save()
+	if got := savedVersions(t, dir); got[other.GetName()] != other.GetVersion() {
+		t.Fatalf("after its apply the file holds %v", got)
+	}
+}
+
+// TestSaveAfterADamagedFile: a file damaged on disk after the agent read
+// it loses only what follows the damage; a file damaged at start is
+// removed, so nothing of it reaches a later file.
+func TestSaveAfterADamagedFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, stateFileName)
+	p := newStateApplier(t, memory.New(), dir)
+	a, b := memService(1), memService(2)
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{a, b}})
+	p.save()
+	full, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, full[:len(full)-5], 0o600); err != nil { // b cut short
+		t.Fatal(err)
+	}
+	web := webResource(t, "198.19.1.10")
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{web}})
+	p.save()
+	want := map[string]string{a.GetName(): a.GetVersion(), web.GetName(): web.GetVersion()}
+	if got := savedVersions(t, dir); !maps.Equal(got, want) {
+		t.Fatalf("file holds %v, want %v (b lost with the damage)", got, want)
+	}
+
+	if err := os.WriteFile(path, []byte("\x0a\xff\xff"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newStateApplier(t, memory.New(), dir)
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a damaged file was kept: %v", err)
+	}
+	mustAck(t, p2, &vsplanev1.Delta{Nonce: "1", ReplaceAll: true, Resources: []*vsplanev1.Resource{b}})
+	p2.save()
+	if got := savedVersions(t, dir); len(got) != 1 || got[b.GetName()] != b.GetVersion() {
+		t.Fatalf("file holds %v, want only %s", got, b.GetName())
 	}
 }
