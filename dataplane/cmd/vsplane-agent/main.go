@@ -17,6 +17,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/agentconfig"
+	"github.com/vsplane/vsplane/internal/memlimit"
 )
 
 func main() {
@@ -42,6 +43,14 @@ func run() error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	// As the control plane: under a container limit, collect harder near it
+	// rather than be OOM-killed with garbage on the heap (a cold start at
+	// 10k Services allocates several times what it keeps).
+	if soft, err := memlimit.Set(memlimit.CgroupFiles); err != nil {
+		log.Warn("reading the container's memory limit", zap.Error(err))
+	} else if soft > 0 {
+		log.Info("Go memory limit set from the container's", zap.Int64("bytes", soft), zap.Float64("fraction", memlimit.Fraction))
+	}
 	if cl.ConfigFile != "" {
 		log.Info("configuration file loaded", zap.String("file", cl.ConfigFile), zap.Strings("overriddenByFlags", cl.Overridden))
 	}
