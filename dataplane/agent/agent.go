@@ -48,6 +48,9 @@ var Version = "dev"
 
 // Config configures an agent.
 type Config struct {
+	// ProcessStart is when the process started (ProcessStart()); the cold
+	// start's timeline is logged from it. Zero: from New's start.
+	ProcessStart time.Time
 	// ControlPlane lists the control-plane replicas' gRPC addresses
 	// (host:port); every reconnect tries another one.
 	ControlPlane []string
@@ -114,6 +117,7 @@ type Agent struct {
 	state      *persistentApplier
 	Reconciler *reconcile.Reconciler
 	Client     *client.Client
+	coldStart  *coldStart
 	// Metrics holds the agent's metrics and health state.
 	Metrics  *dpmetrics.Agent
 	registry *prometheus.Registry
@@ -142,6 +146,12 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		log = zap.NewNop()
 	}
 	log = log.With(zap.String("node", cfg.NodeName))
+	cold := newColdStart(cfg.ProcessStart, log)
+	if cfg.ProcessStart.IsZero() {
+		cold.start = time.Now()
+	} else {
+		cold.mark("startup") // runtime, main, command line, TLS files
+	}
 	var k kernel.Kernel
 	if cfg.Kernel != nil {
 		k = *cfg.Kernel
@@ -151,6 +161,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			return nil, err
 		}
 	}
+	cold.mark("kernel")
 	if cfg.DetectIPv6 && !slices.Contains(cfg.Reconcile.Families, kernel.FamilyIPv6) {
 		families := slices.Clone(cfg.Reconcile.Families)
 		if len(families) == 0 {
@@ -172,7 +183,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: reconciler: %w", err)
 	}
-	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log, healthSync: make(chan struct{}, 1), statusKick: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log, coldStart: cold, healthSync: make(chan struct{}, 1), statusKick: make(chan struct{}, 1)}
 	if cfg.InspectListener != nil {
 		if a.inspect, err = inspect.New(rec, k.IPVS, k.Links); err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
@@ -232,6 +243,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		BackoffBase:  cfg.BackoffBase,
 		BackoffMax:   cfg.BackoffMax,
 		OnStreamEnd:  cfg.OnStreamEnd,
+		Trace:        func(s client.Step) { cold.mark(string(s)) },
 
 		FirstDeltaTimeout:   cfg.FirstDeltaTimeout,
 		MaxRemovalShare:     cfg.MaxRemovalShare,
@@ -256,6 +268,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.Client, err = client.New(ccfg); err != nil {
 		return nil, fmt.Errorf("agent: client: %w", err)
 	}
+	cold.mark("wiring") // reconciler, state file, metrics, client
 	return a, nil
 }
 

@@ -95,6 +95,9 @@ type Config struct {
 	DialOptions []grpc.DialOption
 	// OnStreamEnd, if set, is called after each stream ends (tests, metrics).
 	OnStreamEnd func(err error)
+	// Trace, if set, is called as each connection reaches each Step
+	// (trace.go), from gRPC's and the stream's goroutines.
+	Trace func(Step)
 	// FirstDeltaTimeout: a stream without a first Delta this long after its
 	// Hello is closed and another target tried (default 30s).
 	FirstDeltaTimeout time.Duration
@@ -205,6 +208,9 @@ func (c *Client) Run(ctx context.Context) error {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
+	if c.cfg.Trace != nil {
+		creds = tracedCredentials{TransportCredentials: creds, trace: c.cfg.Trace}
+	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxRecvMsgSize)),
@@ -308,6 +314,7 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 	}
 	c.connected.Store(true)
 	defer c.connected.Store(false)
+	c.trace(StepHelloSent)
 	c.log.Info("agent stream open", zap.String("target", target), zap.Int("heldResources", held),
 		zap.Bool("resumeBySystemVersion", bySys))
 	go c.sendStatuses(sctx, send)
@@ -330,6 +337,7 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 		}
 		if firstResponse {
 			firstResponse = false
+			c.trace(StepFirstResponse)
 			// The headers came with this first message.
 			md, _ := st.Header()
 			announced := len(md.Get(wire.ResumeBySystemVersionHeader)) > 0
@@ -374,10 +382,21 @@ func (c *Client) runStream(ctx context.Context, api vsplanev1.AgentServiceClient
 				return true, fmt.Errorf("holding a first Delta that removes most Services; asking the control plane again")
 			}
 		}
+		ack := c.apply(ctx, delta)
+		if !healthy {
+			c.trace(StepFirstDeltaApplied)
+		}
 		healthy = true
-		if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Ack{Ack: c.apply(ctx, delta)}}); err != nil {
+		if err := send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Ack{Ack: ack}}); err != nil {
 			return healthy, fmt.Errorf("send Ack: %w", err)
 		}
+	}
+}
+
+// trace reports step to Config.Trace, if set.
+func (c *Client) trace(step Step) {
+	if c.cfg.Trace != nil {
+		c.cfg.Trace(step)
 	}
 }
 

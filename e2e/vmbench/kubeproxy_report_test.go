@@ -105,6 +105,10 @@ type Side struct {
 	// Delta of the cold start sent (host clock).
 	ColdConnectedSeconds  float64 `json:"cold_connected_seconds,omitempty"`
 	ColdFirstDeltaSeconds float64 `json:"cold_first_delta_sent_seconds,omitempty"`
+	// ColdTimeline (vsplane only, runs from 2026-12-05): the agent's own
+	// "cold start" log line, each step's share from its process start to
+	// its first Delta applied.
+	ColdTimeline []TimelineStep `json:"cold_timeline,omitempty"`
 	// ChangeMS: EndpointSlice update answered -> the new real server in
 	// both of the Service's virtual servers (ipvsprobe, 10 ms polls).
 	ChangeMS       []float64 `json:"change_ms"`
@@ -512,8 +516,15 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		row("CPU until after cold start (s)", "%.1f", k.ColdCPUSeconds, v.ColdCPUSeconds, "cpu_cold_start")
 		row("CPU during the changes (s)", "%.1f", k.ChangesCPUSeconds, v.ChangesCPUSeconds, "cpu_during_changes")
 		if v.ColdConnectedSeconds > 0 { // runs before 2026-12-01 polled instead
-			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the agent's process start).\n",
+			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the test's call to start it: its credentials written and the process started in the VM come first).\n",
 				v.ColdConnectedSeconds, v.ColdFirstDeltaSeconds, v.ColdSyncedSeconds)
+		}
+		if len(v.ColdTimeline) > 0 {
+			var steps []string
+			for _, s := range v.ColdTimeline {
+				steps = append(steps, fmt.Sprintf("%s %.0f", s.Step, s.MS))
+			}
+			fmt.Fprintf(&b, "\nIts own timeline, from its process start to the first Delta applied (ms, each step's share; the agent's \"cold start\" log line): %s.\n", strings.Join(steps, ", "))
 		}
 		fmt.Fprintf(&b, "\nOwn metrics over the changes (`kubeproxy_sync_proxy_rules_duration_seconds`): kube-proxy %.2f syncs per change, mean %.0f ms each "+
 			"(a full sync: every Service's virtual server and real servers read back over netlink, iptables commands); "+

@@ -251,6 +251,14 @@ drain:
 		}
 	}
 	r.Vsplane.ColdFirstDeltaSeconds = first.Sub(t0).Seconds()
+	// Where the time to the first Delta went, by the agent's own clock.
+	agentLog, err := c.AgentLog(ctx, vsNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Vsplane.ColdTimeline, err = ColdStartTimeline(agentLog); err != nil {
+		t.Fatal(err)
+	}
 	if vs, rs, err := probe.Count(ctx, vsNode, kpFilter); err != nil || vs != r.VirtualServers || rs != r.RealServers {
 		t.Fatalf("vsplane cold start acked, but its IPVS holds %d virtual and %d real servers, want %d and %d (%v)", vs, rs, r.VirtualServers, r.RealServers, err)
 	}

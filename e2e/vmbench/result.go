@@ -3,7 +3,12 @@
 package vmbench
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -56,4 +61,53 @@ type Result struct {
 	// ColdDeltaMS and ColdDeltaWrites describe each cold-start Delta.
 	ColdDeltaMS     []float64 `json:"cold_delta_ms"`
 	ColdDeltaWrites []uint64  `json:"cold_delta_writes"`
+}
+
+// TimelineStep is one step of the agent's "cold start" log line: its own
+// share of the time since the process started.
+type TimelineStep struct {
+	Step string  `json:"step"`
+	MS   float64 `json:"ms"`
+}
+
+// ColdStartTimeline finds the agent's "cold start" line in its JSON log
+// and returns its steps in the order logged, then "total". zap's
+// production encoding writes durations as seconds.
+func ColdStartTimeline(log string) ([]TimelineStep, error) {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, `"msg":"cold start"`) {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader([]byte(line)))
+		dec.UseNumber()
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			return nil, fmt.Errorf("cold start line %q: not a JSON object", line)
+		}
+		var out []TimelineStep
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return nil, fmt.Errorf("cold start line %q: %w", line, err)
+			}
+			key, _ := tok.(string)
+			var v any
+			if err := dec.Decode(&v); err != nil {
+				return nil, fmt.Errorf("cold start line %q: %w", line, err)
+			}
+			n, ok := v.(json.Number)
+			if !ok || key == "ts" {
+				continue
+			}
+			secs, err := n.Float64()
+			if err != nil {
+				return nil, fmt.Errorf("cold start line %q: %s: %w", line, key, err)
+			}
+			out = append(out, TimelineStep{Step: key, MS: secs * 1000})
+		}
+		if i := slices.IndexFunc(out, func(s TimelineStep) bool { return s.Step == "total" }); i >= 0 {
+			out = append(append(out[:i:i], out[i+1:]...), out[i])
+		}
+		return out, nil
+	}
+	return nil, errors.New(`no "cold start" line in the agent's log`)
 }

@@ -28,6 +28,7 @@ func main() {
 }
 
 func run() error {
+	started := agent.ProcessStart()
 	// Every flag, the --config file under them, validated: see agentconfig.
 	cl, err := agentconfig.ParseCommandLine(flag.CommandLine, os.Args[1:], os.Getenv)
 	if err != nil {
@@ -61,6 +62,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	cfg.ProcessStart = started
 	a, err := agent.New(ctx, cfg)
 	if err != nil {
 		return err
