@@ -15,6 +15,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -83,8 +84,10 @@ type Config struct {
 	// StateDir keeps the applied resources across restarts (a tmpfs such as
 	// /run/vsplane); empty disables it and a restart resyncs everything.
 	StateDir string
-	// MetricsListener, if set, serves /metrics, /healthz and /livez.
+	// MetricsListener, if set, serves /metrics, /healthz and /livez (and
+	// /debug/pprof/ with Profiling).
 	MetricsListener net.Listener
+	Profiling       bool
 	// HealthzListener, if set, serves only /healthz and /livez: kube-proxy's
 	// --healthz-bind-address (0.0.0.0:10256), which load balancers probe.
 	HealthzListener net.Listener
@@ -469,6 +472,13 @@ func (a *Agent) httpHandler(metrics bool) http.Handler {
 	mux := http.NewServeMux()
 	if metrics {
 		mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+		if a.cfg.Profiling {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 	}
 	mux.Handle("/healthz", a.Metrics.NodeHealthzHandler(a.Reconciler.NodeEligible))
 	mux.Handle("/livez", a.Metrics.LivezHandler())

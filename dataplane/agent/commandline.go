@@ -64,6 +64,7 @@ func FromCommandLine(cl *agentconfig.CommandLine, log *zap.Logger) (cfg Config, 
 		if cfg.MetricsListener, err = net.Listen("tcp", c.MetricsAddress); err != nil {
 			return cfg, fmt.Errorf("metrics listener: %w", err)
 		}
+		cfg.Profiling = c.EnableProfiling
 	}
 	if c.HealthzAddress != "" {
 		if cfg.HealthzListener, err = net.Listen("tcp", c.HealthzAddress); err != nil {

@@ -136,6 +136,20 @@ func TestHealthzNodeDeleting(t *testing.T) {
 	}() != http.StatusOK {
 		t.Errorf("the metrics listener does not serve /metrics")
 	}
+	// /debug/pprof/ only with Profiling (kube-proxy's enableProfiling).
+	pprofCode := func() int {
+		rec := httptest.NewRecorder()
+		a.httpHandler(true).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil))
+		return rec.Code
+	}
+	if c := pprofCode(); c != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without Profiling: %d, want 404", c)
+	}
+	a.cfg.Profiling = true
+	if c := pprofCode(); c != http.StatusOK {
+		t.Errorf("/debug/pprof/ with Profiling: %d, want 200", c)
+	}
+	a.cfg.Profiling = false
 	if code("/healthz") != 503 || code("/livez") != 200 {
 		t.Errorf("before the node settings: healthz %d livez %d, want 503 (kube-proxy: Node not seen yet) and 200", code("/healthz"), code("/livez"))
 	}

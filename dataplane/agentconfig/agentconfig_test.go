@@ -34,6 +34,7 @@ var historicFlags = map[string]string{
 	"reconcile-period":        "30s",
 	"ipv6":                    "auto",
 	"metrics-address":         "127.0.0.1:10249",
+	"profiling":               "false",
 	"healthz-address":         "0.0.0.0:10256",
 	"reconnect-backoff-max":   "30s",
 	"state-dir":               "/run/vsplane",
@@ -96,7 +97,7 @@ func TestEveryFieldHasAFlag(t *testing.T) {
 		"first-delta-timeout": "1s", "max-removal-share": "0.25", "removal-confirmation": "2s", "reconcile-period": "3s",
 		"ipv6": "false", "metrics-address": "127.0.0.1:1", "healthz-address": "", "reconnect-backoff-max": "4s",
 		"state-dir": "", "debug": "true", "drain-check-interval": "6s", "inspect-address": "unix:///run/i.sock",
-		"max-drain": "7s", "health-check-node-ports": "false",
+		"max-drain": "7s", "health-check-node-ports": "false", "profiling": "true",
 	}
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	c := agentconfig.Defaults()
@@ -252,6 +253,7 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"reconcilePeriod", func(c *conf) { c.ReconcilePeriod = dur(-time.Minute) }, `reconcilePeriod "-1m0s": must be > 0`},
 		{"ipv6", func(c *conf) { c.IPv6 = "yes" }, `ipv6 "yes": want auto, true or false`},
 		{"metricsAddress", func(c *conf) { c.MetricsAddress = "10249" }, `metricsAddress "10249": want host:port, or empty to disable`},
+		{"enableProfiling without metricsAddress", func(c *conf) { c.EnableProfiling, c.MetricsAddress = true, "" }, `enableProfiling true: needs metricsAddress (profiles are served there)`},
 		{"healthzAddress", func(c *conf) { c.HealthzAddress = "0.0.0.0:http" }, `healthzAddress "0.0.0.0:http": want host:port, or empty to disable`},
 		{"reconnectBackoffMax", func(c *conf) { c.ReconnectBackoffMax = dur(100 * time.Millisecond) }, `reconnectBackoffMax "100ms": must be >= 500ms`},
 		{"drainCheckInterval", func(c *conf) { c.DrainCheckInterval = dur(0) }, `drainCheckInterval "0s": must be > 0`},

@@ -31,6 +31,7 @@ func Bind(fs *flag.FlagSet, c *VsplaneAgentConfiguration) {
 	dur(&c.ReconcilePeriod.Duration, "reconcile-period", "period of the full reconcile against the kernel")
 	str((*string)(&c.IPv6), "ipv6", "manage IPv6 too (ip6tables, KUBE-6- sets): auto (when the node has a global IPv6 address, like kube-proxy's dual-stack detection), true or false")
 	str(&c.MetricsAddress, "metrics-address", "address for /metrics and /healthz; empty disables")
+	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "serve /debug/pprof/ on --metrics-address"+overrides)
 	str(&c.HealthzAddress, "healthz-address", "address for /healthz and /livez only, probed by load balancers (kube-proxy's --healthz-bind-address); empty disables")
 	dur(&c.ReconnectBackoffMax.Duration, "reconnect-backoff-max", "upper bound of the reconnect delay")
 	str(&c.StateDir, "state-dir", "where the agent keeps its applied state across restarts (use a tmpfs); empty disables")

@@ -81,6 +81,10 @@ type VsplaneAgentConfiguration struct {
 	// MetricsAddress serves /metrics, /healthz and /livez; "" disables
 	// (--metrics-address). Default "127.0.0.1:10249".
 	MetricsAddress string `json:"metricsAddress"`
+	// EnableProfiling serves Go's /debug/pprof/ handlers on MetricsAddress
+	// (--profiling; kube-proxy's enableProfiling). Default false: a
+	// profile shows the agent's memory and costs CPU while taken.
+	EnableProfiling bool `json:"enableProfiling"`
 	// HealthzAddress serves /healthz and /livez only, for load balancers;
 	// "" disables (--healthz-address). Default "0.0.0.0:10256".
 	HealthzAddress string `json:"healthzAddress"`

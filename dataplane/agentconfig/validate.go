@@ -62,6 +62,9 @@ func (c *VsplaneAgentConfiguration) Validate() error {
 		}
 	}
 	listener("metricsAddress", c.MetricsAddress)
+	if c.EnableProfiling && c.MetricsAddress == "" {
+		bad("enableProfiling", true, "needs metricsAddress (profiles are served there)")
+	}
 	listener("healthzAddress", c.HealthzAddress)
 	if d := c.ReconnectBackoffMax.Duration; d < MinReconnectBackoffMax {
 		bad("reconnectBackoffMax", d, "must be >= %v (the first reconnect delay)", MinReconnectBackoffMax)
