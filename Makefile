@@ -147,6 +147,7 @@ FANOUT_SIZE ?= 1000x1000x10
 bench:
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'EndpointChange' -benchtime 2000x -benchmem
 	$(GO) test ./controlplane/engine -run '^$$' -bench 'StateMemory' -benchtime 1x -timeout 30m
+	$(GO) test ./controlplane/engine -run '^$$' -bench 'RolloutStep' -benchtime 1x -timeout 30m
 	APICOST_SIZE=$(APICOST_SIZE) $(GO) test -tags apicostbench -v -count=1 -timeout 90m -run TestAPICostBench ./e2e/apicost
 	FANOUT_SIZE=$(FANOUT_SIZE) $(GO) test -tags fanoutbench -v -count=1 -timeout 60m -run TestFanoutBench ./e2e/fanout
 	$(GO) test ./dataplane/reconcile -run '^$$' -bench 'ApplyOne' -benchtime 2000x -count 5

@@ -174,7 +174,7 @@ func (e *Engine) Apply(_ context.Context, ch *watch.Changes) error {
 	e.applySeconds.Observe(time.Since(start).Seconds())
 	if e.log.Core().Enabled(zap.DebugLevel) {
 		e.log.Debug("applied changes", zap.Int("services", len(ch.Services)), zap.Int("endpointSlices", len(ch.Slices)),
-			zap.Int("nodes", len(ch.Nodes)), zap.Int("recomputed", len(w.dirty)), zap.Int("storeChanges", changed),
+			zap.Int("nodes", len(ch.Nodes)), zap.Int("recomputed", len(w.dirty)), zap.Int("recomputedOnSomeNodes", len(w.nodesOnly)), zap.Int("storeChanges", changed),
 			zap.Duration("took", time.Since(start)))
 	}
 	return nil
@@ -188,6 +188,10 @@ type work struct {
 	// fresh: nodes that get every Service (new, or zone/addresses changed),
 	// staged and published whole.
 	fresh map[string]struct{}
+	// nodesOnly: Services to recompute on these nodes only (a rollout step
+	// reached or left them; rollouts.go), unless also dirty. The sets are
+	// shared between Services and not modified.
+	nodesOnly map[model.ServiceKey]map[string]struct{}
 	// b holds the writes not yet committed (write commits it in chunks).
 	b *snapshot.Batch
 	// parts: per Service, the sub-messages its variants built in this
@@ -327,6 +331,12 @@ func (e *Engine) write(w *work) int {
 		e.recompute(w, key, trig)
 		commit(false)
 	}
+	for key, nodes := range w.nodesOnly {
+		if _, all := w.dirty[key]; !all {
+			e.recomputeOn(w, key, nodes)
+			commit(false)
+		}
+	}
 	for name := range w.fresh {
 		e.fillNode(w, e.nodes[name].node)
 		commit(false)
@@ -409,6 +419,30 @@ func (e *Engine) recompute(w *work, k model.ServiceKey, trig time.Time) {
 		}
 		if r := e.variantFor(w, se, ne.node); r != nil {
 			w.b.Set(n, r, trig)
+		}
+	}
+}
+
+// recomputeOn translates Service k again for the given nodes only: the
+// others' resources cannot change (rollouts.go says when).
+func (e *Engine) recomputeOn(w *work, k model.ServiceKey, nodes map[string]struct{}) {
+	se := e.services[k]
+	if se == nil || se.svc == nil {
+		e.recompute(w, k, time.Time{})
+		return
+	}
+	e.derive(se)
+	se.shared = nil
+	for n := range nodes {
+		ne := e.nodes[n]
+		if ne == nil {
+			continue
+		}
+		if _, ok := w.fresh[n]; ok {
+			continue
+		}
+		if r := e.variantFor(w, se, ne.node); r != nil {
+			w.b.Set(n, r, time.Time{})
 		}
 	}
 }

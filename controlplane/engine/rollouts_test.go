@@ -2,9 +2,14 @@ package engine
 
 import (
 	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/vsplane/vsplane/controlplane/apis/v1alpha1"
@@ -133,4 +138,150 @@ func TestRolloutAssignsSchedulersPerNode(t *testing.T) {
 			break
 		}
 	}
+}
+
+// A rollout step recomputes the selected Services on the nodes it reached
+// (or left) only, and the result is what an engine computing everything
+// from scratch holds, through steps, a pause, a newer rollout layered over
+// (everything recomputed), success and rollback.
+func TestRolloutStepRecomputesOnlyReassignedNodes(t *testing.T) {
+	const nodes, services = 20, 30
+	pools := map[string]string{} // nodes moved to another pool
+	node := func(n string, i int) watch.Change[model.Node] {
+		pool := "general"
+		if i >= 16 {
+			pool = "gpu"
+		}
+		if p, ok := pools[n]; ok {
+			pool = p
+		}
+		return watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{Name: n, Labels: map[string]string{"pool": pool}}}}
+	}
+	base := func() *watch.Changes {
+		c := changes()
+		for i := range nodes {
+			n := fmt.Sprintf("n%02d", i)
+			c.Nodes[n] = node(n, i)
+		}
+		for i := range services {
+			name := fmt.Sprintf("s%02d", i)
+			setService(c, name, fmt.Sprintf("198.18.0.%d", i+1), time.Time{})
+			c.Services[model.ServiceKey{Namespace: "ns", Name: name}].Current.Value.Labels = map[string]string{"app": "a"}
+			// Endpoints on two nodes: those nodes get variants of their own.
+			setSlice(c, name, name+"-1", time.Time{},
+				model.Endpoint{Address: netip.MustParseAddr(fmt.Sprintf("198.19.0.%d", i+1)), NodeName: fmt.Sprintf("n%02d", i%nodes), Ready: true, Serving: true},
+				model.Endpoint{Address: netip.MustParseAddr(fmt.Sprintf("198.19.1.%d", i+1)), NodeName: fmt.Sprintf("n%02d", (i+7)%nodes), Ready: true, Serving: true})
+		}
+		setService(c, "other", "198.18.1.1", time.Time{})
+		return c
+	}
+	allVersions := func(st *snapshot.Store) map[string]map[string]string {
+		out := map[string]map[string]string{}
+		for i := range nodes {
+			n := fmt.Sprintf("n%02d", i)
+			out[n], _ = versionsOf(st, n)
+		}
+		return out
+	}
+	// fromScratch is what a replica starting now computes.
+	fromScratch := func(rollouts map[string]*model.Rollout) map[string]map[string]string {
+		e, st, _ := newEngine(t)
+		c := base()
+		for _, r := range rollouts {
+			setRollout(c, r)
+		}
+		apply(t, e, c)
+		return allVersions(st)
+	}
+
+	e, st, _ := newEngine(t)
+	apply(t, e, base())
+	sel, _ := labels.Parse("app=a")
+	nodeSel, _ := labels.Parse("pool=general")
+	first := &model.Rollout{Name: "to-mh", UID: "uid-1", Created: 1, Scheduler: "mh", ServiceSelector: sel, NamespaceSelector: labels.Everything(),
+		NodeSelector: nodeSel, Phase: v1alpha1.PhaseProgressing}
+	newer := &model.Rollout{Name: "to-sh", UID: "uid-2", Created: 2, Scheduler: "sh", ServiceSelector: sel, NamespaceSelector: labels.Everything(),
+		NodeSelector: labels.Everything(), Phase: v1alpha1.PhaseProgressing, Threshold: model.PositionSpace / 3}
+	with := func(r *model.Rollout, phase v1alpha1.Phase, threshold int64) *model.Rollout {
+		out := *r
+		out.Phase, out.Threshold = phase, threshold
+		return &out
+	}
+	active := map[string]*model.Rollout{}
+	steps := []struct {
+		what string
+		r    *model.Rollout
+		step bool // only the node set changes
+		// relabel moves a node the rollout reached out of its node selector.
+		relabel bool
+	}{
+		{"step 1/4", with(first, v1alpha1.PhaseProgressing, model.PositionSpace/4), false, false}, // the Services' rollouts change
+		{"step 2/4", with(first, v1alpha1.PhaseProgressing, model.PositionSpace/2), true, false},
+		{"paused", with(first, v1alpha1.PhasePaused, model.PositionSpace/2), true, false},
+		{"step 3/4", with(first, v1alpha1.PhaseProgressing, model.PositionSpace/4*3), true, false},
+		{"a reached node leaves the pool", with(first, v1alpha1.PhaseProgressing, model.PositionSpace/4*3), true, true},
+		{"newer rollout", newer, false, false},
+		{"newer's step", with(newer, v1alpha1.PhaseProgressing, model.PositionSpace/3*2), true, false},
+		{"succeeded", with(first, v1alpha1.PhaseSucceeded, model.PositionSpace/4*3), true, false},
+		{"rolled back", with(first, v1alpha1.PhaseRolledBack, model.PositionSpace/4*3), false, false},
+	}
+	for _, s := range steps {
+		before := allVersions(st)
+		translated := counterValue(t, e.translations)
+		reachedBefore := map[string]bool{}
+		for _, n := range e.RolloutNodes(s.r.Name) {
+			reachedBefore[n] = true
+		}
+		c := changes()
+		setRollout(c, s.r)
+		if s.relabel {
+			left := e.RolloutNodes(s.r.Name)
+			if len(left) == 0 {
+				t.Fatalf("%s: the rollout reached no node", s.what)
+			}
+			pools[left[0]] = "gpu"
+			i := 0
+			fmt.Sscanf(left[0], "n%d", &i)
+			c.Nodes[left[0]] = node(left[0], i)
+		}
+		apply(t, e, c)
+		active[s.r.Name] = s.r
+
+		if want, got := fromScratch(active), allVersions(st); !maps.EqualFunc(want, got, maps.Equal) {
+			t.Fatalf("%s: the engine holds\n%v\nfrom scratch:\n%v", s.what, got, want)
+		}
+		if !s.step {
+			continue
+		}
+		moved := map[string]bool{}
+		for _, n := range e.RolloutNodes(s.r.Name) {
+			if !reachedBefore[n] {
+				moved[n] = true
+			}
+		}
+		for n := range reachedBefore {
+			if !slices.Contains(e.RolloutNodes(s.r.Name), n) {
+				moved[n] = true
+			}
+		}
+		after := allVersions(st)
+		for n, vs := range after {
+			if !moved[n] && !maps.Equal(vs, before[n]) {
+				t.Errorf("%s: %s was not reached or left, but its resources changed", s.what, n)
+			}
+		}
+		// At most one translation per selected Service and moved node.
+		if got, most := counterValue(t, e.translations)-translated, float64(len(moved)*services); got > most {
+			t.Errorf("%s: %v translations for %d moved nodes x %d Services (at most %v)", s.what, got, len(moved), services, most)
+		}
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
