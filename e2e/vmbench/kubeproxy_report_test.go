@@ -55,6 +55,8 @@ type KubeProxyRun struct {
 	ColdPollMS   float64 `json:"cold_poll_ms"`
 	ChangePollMS float64 `json:"change_poll_ms"`
 	Changes      int     `json:"changes"`
+	// QuietSeconds is the quiet phase's length (0: none).
+	QuietSeconds float64 `json:"quiet_seconds,omitempty"`
 	// ForksPerChange is the VM's fork counter (processes and threads
 	// created, VM-wide) per change window: kube-proxy's iptables/ipset
 	// commands plus any thread either process started.
@@ -135,6 +137,10 @@ type Side struct {
 	ChildCPUSeconds   float64 `json:"children_cpu_seconds"`
 	ColdCPUSeconds    float64 `json:"cpu_seconds_until_after_cold_start"`
 	ChangesCPUSeconds float64 `json:"cpu_seconds_during_changes"`
+	// QuietCPUSeconds: CPU (incl. children) over QuietSeconds after the
+	// changes in which nothing changed (runs from 2026-12-05): periodic
+	// full syncs and reconciles only.
+	QuietCPUSeconds float64 `json:"cpu_seconds_quiet,omitempty"`
 }
 
 // Parity is ipvsprobe's comparison of the two kernels' IPVS in the Service range.
@@ -149,7 +155,7 @@ type Parity struct {
 }
 
 // ratioKeys are the headline ratios, kube-proxy / vsplane.
-var ratioKeys = []string{"cold_ipvs_complete", "cold_synced", "change_median_alone", "change_median", "change_p90", "peak_rss", "cpu_total", "cpu_cold_start", "cpu_during_changes"}
+var ratioKeys = []string{"cold_ipvs_complete", "cold_synced", "change_median_alone", "change_median", "change_p90", "peak_rss", "cpu_total", "cpu_cold_start", "cpu_during_changes", "cpu_quiet"}
 
 func ratios(r KubeProxyRun) map[string]float64 {
 	k, v := r.KubeProxy, r.Vsplane
@@ -171,6 +177,7 @@ func ratios(r KubeProxyRun) map[string]float64 {
 		"cpu_total":           div(k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds),
 		"cpu_cold_start":      div(k.ColdCPUSeconds, v.ColdCPUSeconds),
 		"cpu_during_changes":  div(k.ChangesCPUSeconds, v.ChangesCPUSeconds),
+		"cpu_quiet":           div(k.QuietCPUSeconds, v.QuietCPUSeconds),
 	}
 }
 
@@ -515,6 +522,10 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		row("CPU over the run incl. children (s)", "%.1f", k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds, "cpu_total")
 		row("CPU until after cold start (s)", "%.1f", k.ColdCPUSeconds, v.ColdCPUSeconds, "cpu_cold_start")
 		row("CPU during the changes (s)", "%.1f", k.ChangesCPUSeconds, v.ChangesCPUSeconds, "cpu_during_changes")
+		if r.QuietSeconds > 0 {
+			row(fmt.Sprintf("CPU over %.0f quiet seconds after the changes, nothing changing (s; periodic syncs and full reconciles)", r.QuietSeconds),
+				"%.2f", k.QuietCPUSeconds, v.QuietCPUSeconds, "cpu_quiet")
+		}
 		if v.ColdConnectedSeconds > 0 { // runs before 2026-12-01 polled instead
 			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the test's call to start it: its credentials written and the process started in the VM come first).\n",
 				v.ColdConnectedSeconds, v.ColdFirstDeltaSeconds, v.ColdSyncedSeconds)

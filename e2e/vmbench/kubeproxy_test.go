@@ -72,6 +72,20 @@ func kpSizes(t *testing.T) []int {
 	return out
 }
 
+// kpQuiet is VSPLANE_VMBENCH_KP_QUIET: how long the quiet phase after the
+// changes lasts (default 10m; 0 skips it).
+func kpQuiet(t *testing.T) time.Duration {
+	s := os.Getenv("VSPLANE_VMBENCH_KP_QUIET")
+	if s == "" {
+		return 10 * time.Minute
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		t.Fatalf("VSPLANE_VMBENCH_KP_QUIET=%q: want a duration, e.g. 10m", s)
+	}
+	return d
+}
+
 func kpChanges(t *testing.T) int {
 	s := os.Getenv("VSPLANE_VMBENCH_KP_CHANGES")
 	if s == "" {
@@ -88,7 +102,8 @@ func kpChanges(t *testing.T) int {
 // at VSPLANE_VMBENCH_KP_SERVICES Services (default 1000; e.g. 1000,5000,10000,
 // each size in a fresh cluster), 2 ports x 10 endpoints each: cold start
 // into an empty kernel, VSPLANE_VMBENCH_KP_CHANGES (default 10) one-endpoint
-// changes, peak RSS and CPU. kube-proxy runs single-stack (IPv6 disabled in
+// changes, VSPLANE_VMBENCH_KP_QUIET (default 10m) in which nothing changes,
+// peak RSS and CPU. kube-proxy runs single-stack (IPv6 disabled in
 // its namespace, as on an IPv4-only node) unless VSPLANE_VMBENCH_KP_DUALSTACK=1.
 // Results: bench/results/kubeproxy.{json,md}. kube-proxy's initial sync runs
 // one ipset command per entry: about 2 minutes per 1,000 Services under TCG,
@@ -276,6 +291,25 @@ drain:
 	measureChanges(t, ctx, c, probe, acks, &r, changes)
 
 	r.ParityAfterChanges = parity(t, ctx, probe, n)
+	if quiet := kpQuiet(t); quiet > 0 {
+		// Nothing changes: what each costs just by being there (periodic
+		// full syncs, full reconciles against the kernel).
+		before := procs(t, ctx, probe)
+		t.Logf("N=%d: quiet for %v", n, quiet)
+		timer := time.NewTimer(quiet)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			t.Fatal("deadline during the quiet phase")
+		case <-timer.C:
+		}
+		after := procs(t, ctx, probe)
+		r.QuietSeconds = quiet.Seconds()
+		cpu := func(p wire.ProcStat) float64 { return p.CPUSeconds() + p.ChildCPUSeconds() }
+		r.KubeProxy.QuietCPUSeconds = cpu(after[0]) - cpu(before[0])
+		r.Vsplane.QuietCPUSeconds = cpu(after[1]) - cpu(before[1])
+		t.Logf("N=%d: quiet CPU kube-proxy %.2f s, vsplane %.2f s", n, r.KubeProxy.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds)
+	}
 	end := procs(t, ctx, probe)
 	for i, s := range []*Side{&r.KubeProxy, &r.Vsplane} {
 		p := end[i]
