@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -44,6 +43,7 @@ import (
 	"github.com/vsplane/vsplane/controlplane/translate"
 	"github.com/vsplane/vsplane/controlplane/watch"
 	"github.com/vsplane/vsplane/internal/grpcserver"
+	"github.com/vsplane/vsplane/internal/profiling"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -431,11 +431,7 @@ func (r *Replica) Run(ctx context.Context) error {
 		})
 		mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		if r.cfg.Profiling {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+			profiling.Register(mux)
 		}
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {

@@ -15,7 +15,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -39,6 +38,7 @@ import (
 	dpmetrics "github.com/vsplane/vsplane/dataplane/metrics"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
 	"github.com/vsplane/vsplane/internal/bearer"
+	"github.com/vsplane/vsplane/internal/profiling"
 	"github.com/vsplane/vsplane/internal/wire"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -473,11 +473,7 @@ func (a *Agent) httpHandler(metrics bool) http.Handler {
 	if metrics {
 		mux.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
 		if a.cfg.Profiling {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+			profiling.Register(mux)
 		}
 	}
 	mux.Handle("/healthz", a.Metrics.NodeHealthzHandler(a.Reconciler.NodeEligible))
