@@ -102,8 +102,8 @@ func (p *pass) addressesToCompare() map[netip.Addr][]string {
 // the changed resources that touched it.
 func (p *pass) syncAddr(addr netip.Addr, touchers []string) {
 	var owners []string
-	for key := range p.desired.addrVS[addr] {
-		owners = append(owners, p.desired.vsOwners[key]...)
+	for _, c := range p.desired.addrVS[addr] {
+		owners = append(owners, p.desired.vsOwners[c.key]...)
 	}
 	names := ownersToBlame(owners, touchers)
 	if err := p.loadBound(); err != nil {

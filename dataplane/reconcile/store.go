@@ -22,7 +22,7 @@ func (f familySet) has(x kernel.Family) bool { return slices.Contains(f, x) }
 type store struct {
 	res       map[string]*resourceState
 	vsOwners  map[kernel.VirtualServerKey][]string // sorted resource names
-	addrVS    map[netip.Addr]map[kernel.VirtualServerKey]int
+	addrVS    map[netip.Addr]vsCounts
 	entryRefs map[entryKey][]string
 	setRefs   map[setRef]int // entries per set (for "non-empty")
 	// setSize is the number of distinct entries wanted per set.
@@ -38,7 +38,7 @@ func newStore() *store {
 	return &store{
 		res:        map[string]*resourceState{},
 		vsOwners:   map[kernel.VirtualServerKey][]string{},
-		addrVS:     map[netip.Addr]map[kernel.VirtualServerKey]int{},
+		addrVS:     map[netip.Addr]vsCounts{},
 		entryRefs:  map[entryKey][]string{},
 		setRefs:    map[setRef]int{},
 		setSize:    map[setRef]int{},
@@ -82,12 +82,7 @@ func (s *store) index(rs *resourceState) {
 		if key.FWMark != 0 {
 			continue // no address
 		}
-		m := s.addrVS[key.Address]
-		if m == nil {
-			m = map[kernel.VirtualServerKey]int{}
-			s.addrVS[key.Address] = m
-		}
-		m[key]++
+		s.addrVS[key.Address] = s.addrVS[key.Address].add(key)
 	}
 	for _, e := range rs.entries {
 		if len(s.entryRefs[e]) == 0 {
@@ -137,13 +132,10 @@ func (s *store) unindex(rs *resourceState) {
 		if key.FWMark != 0 {
 			continue
 		}
-		if m := s.addrVS[key.Address]; m != nil {
-			if m[key]--; m[key] <= 0 {
-				delete(m, key)
-			}
-			if len(m) == 0 {
-				delete(s.addrVS, key.Address)
-			}
+		if m := s.addrVS[key.Address].remove(key); len(m) > 0 {
+			s.addrVS[key.Address] = m
+		} else {
+			delete(s.addrVS, key.Address)
 		}
 	}
 	for _, e := range rs.entries {
@@ -197,8 +189,8 @@ func (s *store) winner(key kernel.VirtualServerKey) string {
 
 // bindings reports which bindings the virtual servers on addr ask for.
 func (s *store) bindings(addr netip.Addr) (always, unlessLocal bool) {
-	for key := range s.addrVS[addr] {
-		d, _ := s.wantVS(key)
+	for _, c := range s.addrVS[addr] {
+		d, _ := s.wantVS(c.key)
 		switch d.binding {
 		case vsplanev1.AddressBinding_ADDRESS_BINDING_ALWAYS:
 			always = true
@@ -215,6 +207,40 @@ func (s *store) settings() settings {
 		return *rs.settings
 	}
 	return defaultSettings()
+}
+
+// vsCounts counts, per virtual server key on one address, the resources
+// that want it. An address has a few keys (a port or two per Service), so
+// a slice: a map per address cost 4 MB of the agent's 34 at 10k Services.
+type vsCounts []vsCount
+
+type vsCount struct {
+	key kernel.VirtualServerKey
+	n   int
+}
+
+// add counts one more resource wanting key.
+func (c vsCounts) add(key kernel.VirtualServerKey) vsCounts {
+	for i := range c {
+		if c[i].key == key {
+			c[i].n++
+			return c
+		}
+	}
+	return append(c, vsCount{key, 1})
+}
+
+// remove counts one resource fewer wanting key, dropping it at zero.
+func (c vsCounts) remove(key kernel.VirtualServerKey) vsCounts {
+	for i := range c {
+		if c[i].key == key {
+			if c[i].n--; c[i].n <= 0 {
+				return slices.Delete(c, i, i+1)
+			}
+			return c
+		}
+	}
+	return c
 }
 
 func appendOnce(list []string, name string) []string {

@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -100,10 +99,8 @@ func indexes(s *store) map[string]string {
 		out["vsOwners "+k.String()] = fmt.Sprint(v)
 	}
 	for a, m := range s.addrVS {
-		keys := slices.Collect(maps.Keys(m))
-		slices.SortFunc(keys, kernel.VirtualServerKey.Compare)
-		for _, k := range keys {
-			out["addrVS "+a.String()+" "+k.String()] = fmt.Sprint(m[k])
+		for _, c := range m {
+			out["addrVS "+a.String()+" "+c.key.String()] = fmt.Sprint(c.n)
 		}
 	}
 	for e, owners := range s.entryRefs {
