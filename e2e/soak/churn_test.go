@@ -30,7 +30,7 @@ type churn struct {
 }
 
 const (
-	churnInterval = 2 * time.Second
+	churnInterval = 3 * time.Second
 	churnMax      = 8
 )
 

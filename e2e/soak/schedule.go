@@ -31,6 +31,11 @@ const (
 	ReplicaKill Kind = "replica-kill"
 	// ReplicaStop: SIGSTOP of a replica for Fault.Hold, then SIGCONT.
 	ReplicaStop Kind = "replica-stop"
+	// RollingRestart: every replica in turn SIGTERMed, restarted and
+	// awaited until it serves.
+	RollingRestart Kind = "rolling-restart"
+	// AgentCutOff: a node's packets to every replica dropped for Fault.Hold.
+	AgentCutOff Kind = "agent-cut-off"
 	// APIServerStop: kube-apiserver down for Fault.Hold, then started again.
 	APIServerStop Kind = "apiserver-stop"
 	// DriftIPVSFlush: ipvsadm -C in a node.
@@ -40,11 +45,13 @@ const (
 	// DriftAddressDelete: one stable Service's ClusterIP deleted from a
 	// node's kube-ipvs0.
 	DriftAddressDelete Kind = "drift-address-delete"
+	// DriftChainFlush: iptables -t nat -F KUBE-SERVICES in a node.
+	DriftChainFlush Kind = "drift-chain-flush"
 )
 
 // Kinds are every fault kind, in the order reports list them.
-var Kinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, ReplicaKill, ReplicaStop, APIServerStop,
-	DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete}
+var Kinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, AgentCutOff, ReplicaKill, ReplicaStop, RollingRestart,
+	APIServerStop, DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete, DriftChainFlush}
 
 // Drift reports whether k breaks a node's kernel state on purpose:
 // requests through that node may fail until the agent repairs it.
@@ -52,14 +59,15 @@ func (k Kind) Drift() bool { return strings.HasPrefix(string(k), "drift-") }
 
 // OnNode reports whether k's target is a node (else a replica, or none).
 func (k Kind) OnNode() bool {
-	return k.Drift() || k == AgentKill || k == AgentStop || k == AgentStateCorrupt
+	return k.Drift() || k == AgentKill || k == AgentStop || k == AgentStateCorrupt || k == AgentCutOff
 }
 
 // weights: how often each kind is drawn (process faults more often than
 // the apiserver, the slowest to recover).
 var weights = map[Kind]int{
-	AgentKill: 3, AgentStop: 2, AgentStateCorrupt: 1, ReplicaKill: 3, ReplicaStop: 2, APIServerStop: 1,
-	DriftIPVSFlush: 2, DriftIPSetFlush: 2, DriftAddressDelete: 2,
+	AgentKill: 3, AgentStop: 2, AgentStateCorrupt: 2, AgentCutOff: 2, ReplicaKill: 3, ReplicaStop: 2,
+	RollingRestart: 1, APIServerStop: 1,
+	DriftIPVSFlush: 2, DriftIPSetFlush: 2, DriftAddressDelete: 2, DriftChainFlush: 2,
 }
 
 // Fault is one scheduled fault.
@@ -77,7 +85,7 @@ func (f Fault) String() string {
 	switch {
 	case f.Kind.OnNode():
 		s += fmt.Sprintf(" node%d", f.Target+1)
-	case f.Kind != APIServerStop:
+	case f.Kind == ReplicaKill || f.Kind == ReplicaStop:
 		s += fmt.Sprintf(" replica %d", f.Target)
 	}
 	if f.Hold > 0 {
@@ -133,7 +141,7 @@ func Schedule(seed uint64, d time.Duration, s Shape) []Fault {
 		switch k {
 		case AgentStop, ReplicaStop:
 			f.Hold = time.Duration(20+rng.IntN(61)) * step // 2-8 s
-		case APIServerStop:
+		case APIServerStop, AgentCutOff:
 			f.Hold = time.Duration(50+rng.IntN(101)) * step // 5-15 s
 		}
 		out = append(out, f)

@@ -21,8 +21,8 @@ type loop struct {
 	node string
 	proc *vm.Proc
 	// seen is the last request number counted; sent, failed and drift the
-	// totals so far.
-	seen, sent, failed, drift int
+	// totals so far; evidence how often the path was logged after a failure.
+	seen, sent, failed, drift, evidence int
 }
 
 var reqLine = regexp.MustCompile(`(?m)^(\d+) (ok|fail)(.*)$`)
@@ -75,12 +75,30 @@ func (r *run) count(l *loop, out string) {
 			continue
 		}
 		r.violate("failed request", "%s to %s (via %s): request %d%s", l.name, l.addr, l.node, i, m[3])
+		if l.evidence < 2 {
+			l.evidence++
+			r.logPath(l)
+		}
 	}
 }
 
-// pollLoops counts the loops' new lines every second until ctx ends.
+// logPath logs what the path's node holds for it right after a failed
+// request: the nat rules that steer it, its IPVS virtual server and
+// connections, its conntrack entries.
+func (r *run) logPath(l *loop) {
+	_, port, _ := strings.Cut(l.addr, ":")
+	ctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
+	defer cancel()
+	out, err := r.c.RunInNode(ctx, l.node, fmt.Sprintf(
+		"iptables -t nat -S KUBE-SERVICES; iptables -t nat -S KUBE-NODE-PORT 2>&1; iptables -t nat -S KUBE-POSTROUTING; "+
+			"ipvsadm -Ln -t %[1]s 2>&1; ipvsadm -Lnc 2>&1 | grep ':%[2]s ' | tail -20; "+
+			"conntrack -L -p %[3]s --dport %[2]s 2>/dev/null | tail -20", l.addr, port, l.proto))
+	r.t.Logf("%s after a failed request to %s:\n%s%v", l.node, l.addr, out, err)
+}
+
+// pollLoops counts the loops' new lines every 2 s until ctx ends.
 func (r *run) pollLoops(ctx context.Context, loops []*loop) {
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for {
 		select {
@@ -89,7 +107,7 @@ func (r *run) pollLoops(ctx context.Context, loops []*loop) {
 		case <-tick.C:
 		}
 		for _, l := range loops {
-			out, err := l.proc.LogTail(ctx, 64<<10)
+			out, err := l.proc.LogTail(ctx, 32<<10)
 			if err != nil {
 				continue // the next poll reads it
 			}
@@ -121,11 +139,11 @@ func (r *run) finishLoops(t *testing.T, loops []*loop) []TrafficResult {
 	return out
 }
 
-// monitor checks every 2 s that each node not under drift holds the stable
+// monitor checks every 3 s that each node not under drift holds the stable
 // virtual servers with both real servers: no mass removal, no node
 // programmed from partial state.
 func (r *run) monitor(ctx context.Context) {
-	tick := time.NewTicker(2 * time.Second)
+	tick := time.NewTicker(3 * time.Second)
 	defer tick.Stop()
 	for {
 		select {
