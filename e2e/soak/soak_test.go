@@ -30,7 +30,7 @@ const (
 	// kube-ipvs0, replica SIGKILL, rolling restart, agent SIGKILL,
 	// ipvsadm -C, agent SIGSTOP, state file torn). It has no chain flush:
 	// after one on node2, a NodePort request through node2 failed 10-20 s
-	// after the repair in 2 runs of 2 (seed 20263978), not yet explained
+	// after the repair in 2 runs of 3 (seed 20263978), not yet explained
 	// (see e2e/soak/README.md); make soak's schedules have them.
 	ciDuration = 150 * time.Second
 	ciSeed     = 20269483
