@@ -92,6 +92,9 @@ type Options struct {
 	// extra flags for every replica.
 	Replicas    int
 	ReplicaArgs []string
+	// ReplicaMetrics gives each replica process a /metrics listener on a
+	// free loopback port (ReplicaProc.MetricsAddr); off, they have none.
+	ReplicaMetrics bool
 	// StreamHooks observe the in-process replica's agent streams (e.g. each
 	// Ack, for end-to-end latency); unused with Replicas.
 	StreamHooks stream.Hooks
@@ -520,6 +523,15 @@ func (c *Cluster) StopAgent(ctx context.Context, node string, grace time.Duratio
 		return vm.ProcState{}, fmt.Errorf("cluster: no agent running on %s", node)
 	}
 	return c.VM.Kill(ctx, proc.Name, grace)
+}
+
+// AgentProc returns node's running agent process (nil if none): its PID
+// is the leader of the agent's process group in the guest (signals to
+// -PID reach the agent).
+func (c *Cluster) AgentProc(node string) *vm.Proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.agents[node]
 }
 
 // AgentLog returns the output of node's running agent.

@@ -32,6 +32,9 @@ type ReplicaProc struct {
 	Port  int
 	// Addr is 127.0.0.1:Port (also its advertised address among peers).
 	Addr string
+	// MetricsAddr is its /metrics address on loopback (Options.ReplicaMetrics;
+	// "" otherwise).
+	MetricsAddr string
 
 	c *Cluster
 
@@ -61,7 +64,16 @@ func (c *Cluster) startReplicaProcs(ctx context.Context, n int) error {
 		}
 		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close() // the replica binds it; the guestfwd rule names it before the VM boots
-		c.ReplicaProcs = append(c.ReplicaProcs, &ReplicaProc{Index: i, Port: port, Addr: ln.Addr().String(), c: c})
+		r := &ReplicaProc{Index: i, Port: port, Addr: ln.Addr().String(), c: c}
+		if c.opts.ReplicaMetrics {
+			mln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			r.MetricsAddr = mln.Addr().String()
+			mln.Close()
+		}
+		c.ReplicaProcs = append(c.ReplicaProcs, r)
 	}
 	for _, r := range c.ReplicaProcs {
 		if err := r.Start(); err != nil {
@@ -85,7 +97,7 @@ func (c *Cluster) replicaArgs(r *ReplicaProc) []string {
 		"--listen", r.Addr,
 		"--advertise-address", r.Addr,
 		"--peers", strings.Join(peers, ","),
-		"--metrics-address", "",
+		"--metrics-address", r.MetricsAddr,
 		"--min-sync-interval", "50ms",
 		"--tls-cert-file", r.c.Sec.Files.Cert, "--tls-key-file", r.c.Sec.Files.Key, "--tls-ca-file", r.c.Sec.Files.CA,
 		"--peer-token-file", r.c.Sec.TokenFile,
@@ -152,6 +164,18 @@ func (r *ReplicaProc) Signal(sig syscall.Signal) error {
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("replica %d did not exit within 30s of %v", r.Index, sig)
 	}
+}
+
+// PID is the process id of the replica's current process (0 if never
+// started), for signals Signal does not wait out (SIGSTOP, SIGCONT) and
+// for /proc.
+func (r *ReplicaProc) PID() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil || r.cmd.Process == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
 }
 
 // Running reports whether the process is alive.
