@@ -143,11 +143,17 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 		}
 	}
 
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.StartCall, logging.FinishCall)}
+	// A stream (an agent's) is logged when it opens and when it ends; a
+	// unary call (inspection: grpcurl, kubectl vsplane, polling scripts)
+	// once, when it finishes, with its code and duration.
+	streamEvents := []logging.LoggableEvent{logging.StartCall, logging.FinishCall}
+	unaryEvents := []logging.LoggableEvent{logging.FinishCall}
 	if opts.LogPayloads {
-		logOpts = []logging.Option{logging.WithLogOnEvents(logging.StartCall, logging.FinishCall,
-			logging.PayloadReceived, logging.PayloadSent)}
+		streamEvents = append(streamEvents, logging.PayloadReceived, logging.PayloadSent)
+		unaryEvents = append(unaryEvents, logging.StartCall, logging.PayloadReceived, logging.PayloadSent)
 	}
+	unaryLogOpts := []logging.Option{logging.WithLogOnEvents(unaryEvents...)}
+	streamLogOpts := []logging.Option{logging.WithLogOnEvents(streamEvents...)}
 	rlog := log.Named("grpc")
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		rlog.Error("panic in gRPC handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
@@ -167,9 +173,9 @@ func New(opts Options, register ...func(grpc.ServiceRegistrar)) (*Server, error)
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
 		return c.Service != healthpb.Health_ServiceDesc.ServiceName
 	})
-	unary = append(unary, selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(zl, logOpts...), notHealth),
+	unary = append(unary, selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(zl, unaryLogOpts...), notHealth),
 		recovery.UnaryServerInterceptor(recoveryOpt))
-	streams = append(streams, selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, logOpts...), notHealth),
+	streams = append(streams, selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, streamLogOpts...), notHealth),
 		recovery.StreamServerInterceptor(recoveryOpt))
 	if az := opts.Authorize; az != nil {
 		// After logging, so refused calls are logged with their code.

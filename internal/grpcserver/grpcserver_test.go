@@ -135,4 +135,8 @@ func TestCallsLoggedExceptHealthChecks(t *testing.T) {
 	if len(methods) != 1 || methods[0] != "Boom" {
 		t.Fatalf("finished-call logs for methods %v, want only [Boom]", methods)
 	}
+	// One line per unary call: its end, with the code.
+	if n := logs.FilterMessage("started call").Len(); n != 0 {
+		t.Fatalf("%d started-call lines for a unary call, want 0", n)
+	}
 }
