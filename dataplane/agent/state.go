@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -351,7 +352,7 @@ func (s *stateReader) next() {
 			s.fail(fmt.Errorf("unexpected field %d of type %d", num, typ))
 			return
 		}
-		n, err := binaryUvarint(s.r)
+		n, err := binary.ReadUvarint(s.r)
 		if err != nil || n > 1<<30 {
 			s.fail(fmt.Errorf("resource length: %v", err))
 			return
@@ -383,7 +384,7 @@ func (s *stateReader) fail(err error) {
 
 // readTag reads a field tag from r (io.EOF at a clean end).
 func readTag(r io.ByteReader) (protowire.Number, protowire.Type, error) {
-	v, err := binaryUvarint(r)
+	v, err := binary.ReadUvarint(r)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -392,25 +393,6 @@ func readTag(r io.ByteReader) (protowire.Number, protowire.Type, error) {
 		return 0, 0, fmt.Errorf("invalid field number %d", num)
 	}
 	return num, typ, nil
-}
-
-// binaryUvarint reads a varint; io.EOF only when nothing was read.
-func binaryUvarint(r io.ByteReader) (uint64, error) {
-	var v uint64
-	for i := 0; i < 10; i++ {
-		b, err := r.ReadByte()
-		if err != nil {
-			if i > 0 && errors.Is(err, io.EOF) {
-				return 0, io.ErrUnexpectedEOF
-			}
-			return 0, err
-		}
-		v |= uint64(b&0x7f) << (7 * i)
-		if b < 0x80 {
-			return v, nil
-		}
-	}
-	return 0, errors.New("varint overflow")
 }
 
 // nameAndVersion reads Resource.name and Resource.version from an encoded

@@ -134,17 +134,7 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 		_, err = c.VM.RunOK(context.WithoutCancel(ctx), fmt.Sprintf("kill -CONT -%d", pid))
 		return err
 	case ReplicaKill:
-		rp := c.ReplicaProcs[f.Target]
-		if err := rp.Signal(syscall.SIGKILL); err != nil {
-			return err
-		}
-		if err := rp.Start(); err != nil {
-			return err
-		}
-		if err := rp.AwaitServing(ctx, 2*time.Minute); err != nil {
-			return fmt.Errorf("%w\n%s", err, rp.LogTail(20))
-		}
-		return nil
+		return restartReplica(ctx, c.ReplicaProcs[f.Target], syscall.SIGKILL)
 	case ReplicaStop:
 		rp := c.ReplicaProcs[f.Target]
 		pid := rp.PID()
@@ -210,14 +200,8 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 		return err
 	case RollingRestart:
 		for _, rp := range c.ReplicaProcs {
-			if err := rp.Signal(syscall.SIGTERM); err != nil {
+			if err := restartReplica(ctx, rp, syscall.SIGTERM); err != nil {
 				return err
-			}
-			if err := rp.Start(); err != nil {
-				return err
-			}
-			if err := rp.AwaitServing(ctx, 2*time.Minute); err != nil {
-				return fmt.Errorf("%w\n%s", err, rp.LogTail(20))
 			}
 		}
 		return nil
@@ -325,4 +309,18 @@ func (r *run) kernelState(ctx context.Context, node string) (KernelState, error)
 		return KernelState{}, fmt.Errorf("%s: kstate output %q: %w", node, out, err)
 	}
 	return st, nil
+}
+
+// restartReplica ends rp with sig, starts it again and waits until it serves.
+func restartReplica(ctx context.Context, rp *cluster.ReplicaProc, sig syscall.Signal) error {
+	if err := rp.Signal(sig); err != nil {
+		return err
+	}
+	if err := rp.Start(); err != nil {
+		return err
+	}
+	if err := rp.AwaitServing(ctx, 2*time.Minute); err != nil {
+		return fmt.Errorf("%w\n%s", err, rp.LogTail(20))
+	}
+	return nil
 }
