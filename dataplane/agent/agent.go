@@ -213,7 +213,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		Families:      familyNames(cfg.Reconcile.Families),
 		Stats: func() dpmetrics.Stats {
 			s := rec.Stats()
-			return dpmetrics.Stats{FullReconciles: s.FullReconciles, LastFullReconcile: s.LastFullReconcile,
+			var saveFailures uint64
+			if a.state != nil {
+				saveFailures = a.state.SaveFailures()
+			}
+			return dpmetrics.Stats{StateSaveFailures: saveFailures, FullReconciles: s.FullReconciles, LastFullReconcile: s.LastFullReconcile,
 				RepairsByKind: s.RepairsByKind, FailedResources: s.FailedResources,
 				Draining: s.Draining, DrainsCompleted: s.DrainsCompleted, DrainsTimedOut: s.DrainsTimedOut,
 				RestoreFailures:          byFamilyName(s.RestoreFailures),

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -67,6 +68,11 @@ type persistentApplier struct {
 	// yet (still being applied, or refused) stays pending.
 	pending map[string]storedResource
 	dirty   chan struct{}
+	// saveFailures counts failed saves (monotonic); failing is true while
+	// the latest save failed (the first failure of a streak is logged as a
+	// warning, the recovery once).
+	saveFailures atomic.Uint64
+	failing      bool
 }
 
 // storedResource is a resource as the state file holds it: its version and
@@ -198,7 +204,10 @@ func widen(restored map[string]*vsplanev1.Resource, d *vsplanev1.Delta) *vsplane
 }
 
 // run saves the state after applies, at most once per saveInterval, and once
-// more when ctx ends.
+// more when ctx ends. A save that failed (a full or read-only disk) is tried
+// again every saveInterval until one succeeds, changes or not: meanwhile the
+// kernel is programmed and acknowledged as usual, and a restart only resyncs
+// what the older file lacks.
 func (p *persistentApplier) run(ctx context.Context) {
 	t := time.NewTicker(saveInterval)
 	defer t.Stop()
@@ -214,8 +223,7 @@ func (p *persistentApplier) run(ctx context.Context) {
 			pending = true
 		case <-t.C:
 			if pending {
-				p.save()
-				pending = false
+				pending = !p.save()
 			}
 		}
 	}
@@ -228,7 +236,7 @@ func (p *persistentApplier) run(ctx context.Context) {
 // if its version there is; a resource in neither is left out (a restart
 // has it resent). Nothing is decoded: the previous file is read one
 // resource at a time. save runs in one goroutine at a time (run's).
-func (p *persistentApplier) save() {
+func (p *persistentApplier) save() bool {
 	versions := p.inner.Versions()
 	// An Apply between these two lines leaves its resources pending with a
 	// version versions does not hold yet: they stay pending (below).
@@ -238,8 +246,20 @@ func (p *persistentApplier) save() {
 	p.mu.Unlock()
 
 	written, err := p.write(versions, pending)
+	switch {
+	case err != nil:
+		p.saveFailures.Add(1)
+		if !p.failing {
+			p.log.Warn("cannot save applied state; retrying every second (the kernel is unaffected; a restart meanwhile resyncs what the file lacks)",
+				zap.String("path", p.path), zap.Error(err))
+		}
+		p.failing = true
+	case p.failing:
+		p.log.Info("applied state saved again", zap.String("path", p.path), zap.Uint64("failed_saves", p.saveFailures.Load()))
+		p.failing = false
+	}
 	if err != nil {
-		p.log.Warn("cannot save applied state; a restart will resync everything", zap.Error(err))
+		written = nil // written into a temp file that never became the state file
 	}
 	// What did not reach the file stays pending, unless a newer Apply
 	// replaced or removed it meanwhile (Apply only writes p.pending).
@@ -253,7 +273,11 @@ func (p *persistentApplier) save() {
 		}
 	}
 	p.mu.Unlock()
+	return err == nil
 }
+
+// SaveFailures is the number of failed saves of the state file (monotonic).
+func (p *persistentApplier) SaveFailures() uint64 { return p.saveFailures.Load() }
 
 // write streams the previous file and pending into a new file and returns
 // the names written from pending.
@@ -271,6 +295,14 @@ func (p *persistentApplier) write(versions map[string]string, pending map[string
 	if err != nil {
 		return written, err
 	}
+	renamed := false
+	defer func() {
+		// A half-written temp file (a full disk) would hold the space the
+		// next try needs.
+		if !renamed {
+			_ = os.Remove(tmp)
+		}
+	}()
 	w := bufio.NewWriterSize(f, 64<<10)
 	var buf []byte
 	emit := func(wire []byte) error {
@@ -311,7 +343,11 @@ func (p *persistentApplier) write(versions map[string]string, pending map[string
 	if err := f.Close(); err != nil {
 		return written, err
 	}
-	return written, os.Rename(tmp, p.path)
+	if err := os.Rename(tmp, p.path); err != nil {
+		return written, err
+	}
+	renamed = true
+	return written, nil
 }
 
 // stateReader reads a state file one resource at a time, for lookups by

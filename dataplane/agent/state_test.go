@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/proto"
@@ -271,5 +272,75 @@ func TestSaveAfterADamagedFile(t *testing.T) {
 	p2.save()
 	if got := savedVersions(t, dir); len(got) != 1 || got[b.GetName()] != b.GetVersion() {
 		t.Fatalf("file holds %v, want only %s", got, b.GetName())
+	}
+}
+
+// fillDisk makes the next save of p fail as on a full disk: its temp file
+// is /dev/full, where every write fails with ENOSPC (after the buffered
+// resources were counted as written).
+func fillDisk(t *testing.T, p *persistentApplier) {
+	t.Helper()
+	if err := os.Symlink("/dev/full", p.path+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSaveOnAFullDisk: a failed save leaves the previous file as it was,
+// no temp file behind, and every change pending for the next save (a save
+// that failed after writing part of them once dropped those from pending,
+// so the next good file lacked them); run tries again every saveInterval
+// without a new Apply.
+func TestSaveOnAFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	p := newStateApplier(t, memory.New(), dir)
+	a, b := memService(1), memService(2)
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{a, b}})
+	if !p.save() {
+		t.Fatal("save failed")
+	}
+	before := savedVersions(t, dir)
+
+	web := webResource(t, "198.19.1.10")
+	mustAck(t, p, &vsplanev1.Delta{Nonce: "2", Resources: []*vsplanev1.Resource{web}})
+	fillDisk(t, p)
+	if p.save() {
+		t.Fatal("a save onto a full disk reported success")
+	}
+	if n := p.SaveFailures(); n != 1 {
+		t.Fatalf("%d save failures counted, want 1", n)
+	}
+	if got := savedVersions(t, dir); !maps.Equal(got, before) {
+		t.Fatalf("a failed save changed the file: %v, was %v", got, before)
+	}
+	if _, ok := p.pending[web.GetName()]; !ok {
+		t.Fatal("a change that never reached the file was dropped from pending")
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != stateFileName {
+		t.Fatalf("state dir after a failed save holds %v, want only %s", entries, stateFileName)
+	}
+
+	// run retries on its own: the disk is full for one more try, then
+	// frees up (the failed try removes its temp file, here the link).
+	fillDisk(t, p)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.run(ctx); close(done) }()
+	p.dirty <- struct{}{}
+	want := p.inner.Versions()
+	deadline := time.Now().Add(10 * saveInterval)
+	for !maps.Equal(savedVersions(t, dir), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v the file holds %v, want %v (%d failed saves)", 10*saveInterval, savedVersions(t, dir), want, p.SaveFailures())
+		}
+		time.Sleep(50 * time.Millisecond) // polling the file: nothing to wait on
+	}
+	cancel()
+	<-done
+	if n := p.SaveFailures(); n != 2 {
+		t.Fatalf("%d save failures counted, want 2", n)
 	}
 }

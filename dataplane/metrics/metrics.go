@@ -42,6 +42,9 @@ type Stats struct {
 	// StaleFlowsDeleted counts UDP and SCTP conntrack entries deleted as stale,
 	// StaleFlowSweepErrors the sweeps that failed; monotonic.
 	StaleFlowsDeleted, StaleFlowSweepErrors uint64
+	// StateSaveFailures counts failed writes of the agent's state file (a
+	// full or read-only disk); monotonic.
+	StateSaveFailures uint64
 }
 
 // Options configure the agent metrics.
@@ -81,6 +84,8 @@ var (
 		"UDP and SCTP conntrack entries deleted because their reply source is none of their virtual server's real servers (kube-proxy's conntrack cleanup, for UDP).", nil, nil)
 	staleSweepErrorsDesc = prometheus.NewDesc("vsplane_agent_stale_conntrack_sweep_errors_total",
 		"Sweeps of stale UDP or SCTP conntrack entries that failed (retried at the next UDP or SCTP change or full reconcile).", nil, nil)
+	stateSaveFailuresDesc = prometheus.NewDesc("vsplane_agent_state_save_failures_total",
+		"Failed writes of the agent's state file (e.g. a full disk), retried every second. The kernel is programmed and acknowledged as usual; an agent restarted meanwhile resumes from the older file and has the rest resent.", nil, nil)
 	lastDesc = prometheus.NewDesc("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		"The last time the kernel state was successfully synced (a Delta applied or a full reconcile ran).", nil, nil)
 )
@@ -244,6 +249,7 @@ func (c statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- noLocalDesc
 	ch <- staleFlowsDesc
 	ch <- staleSweepErrorsDesc
+	ch <- stateSaveFailuresDesc
 	ch <- lastDesc
 }
 
@@ -268,6 +274,7 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(noLocalDesc, prometheus.GaugeValue, float64(s.NoLocalEndpointsExternal), "external")
 		ch <- prometheus.MustNewConstMetric(staleFlowsDesc, prometheus.CounterValue, float64(s.StaleFlowsDeleted))
 		ch <- prometheus.MustNewConstMetric(staleSweepErrorsDesc, prometheus.CounterValue, float64(s.StaleFlowSweepErrors))
+		ch <- prometheus.MustNewConstMetric(stateSaveFailuresDesc, prometheus.CounterValue, float64(s.StateSaveFailures))
 		if s.LastFullReconcile.After(last) {
 			last = s.LastFullReconcile
 		}
