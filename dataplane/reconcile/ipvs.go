@@ -52,7 +52,8 @@ func (p *pass) listVirtualServers() map[kernel.VirtualServerKey]kernel.VirtualSe
 }
 
 // virtualServersToCompare are the keys a full pass syncs: wanted,
-// programmed by this process, or on a bound, not excluded address.
+// programmed by this process, or on a bound or node-local, not excluded
+// address (or an in-cluster firewall mark of ours).
 func (p *pass) virtualServersToCompare() map[kernel.VirtualServerKey][]string {
 	keys := map[kernel.VirtualServerKey][]string{}
 	for key := range p.desired.vsOwners {
@@ -65,8 +66,19 @@ func (p *pass) virtualServersToCompare() map[kernel.VirtualServerKey][]string {
 	if listed == nil {
 		listed = p.listVirtualServers()
 	}
+	// A virtual server on one of the node's own addresses is ours too, as
+	// kube-proxy takes every virtual server: NodePorts live on the node's
+	// interface addresses, and one dropped while the agent was down (a
+	// Service turned ClusterIP, deleted) is in no state the restarted agent
+	// knows (found by the chaos soak: such NodePorts stayed forever).
+	localOK := true
+	if err := p.loadLocal(); err != nil {
+		p.fail(nil, "list local addresses", err)
+		localOK = false
+	}
 	for key := range listed {
-		if key.FWMark == 0 && p.known.bound[key.Address] && !p.excluded(key.Address) || p.marks.isOurs(key.FWMark) {
+		ours := key.FWMark == 0 && (p.known.bound[key.Address] || localOK && p.localElse[key.Address]) && !p.excluded(key.Address)
+		if ours || p.marks.isOurs(key.FWMark) {
 			keys[key] = nil
 		}
 	}

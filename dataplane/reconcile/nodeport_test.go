@@ -287,3 +287,32 @@ func TestNodePortMarkerBadInput(t *testing.T) {
 		t.Error("good Service not applied")
 	}
 }
+
+// TestRestartRemovesNodePortsDroppedMeanwhile: a NodePort Service turned
+// ClusterIP while the agent was down leaves its NodePort virtual servers
+// on the node's addresses, which no state of the restarted agent names;
+// its first full pass deletes them (as kube-proxy deletes every virtual
+// server it does not want), and leaves a virtual server on an address
+// that is not the node's alone.
+func TestRestartRemovesNodePortsDroppedMeanwhile(t *testing.T) {
+	mk := memory.New()
+	nodeInterfaces(mk)
+	r := newReconciler(t, mk, Config{})
+	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), nodePortRes("np", 30080, 0, "198.19.1.9"))))
+	foreign := kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("203.0.113.5"), kernel.ProtocolTCP, 80),
+		Scheduler: "rr"}
+	if err := addVS(mk.Kernel(), foreign); err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := newReconciler(t, mk, Config{})
+	mustAck(t, apply(t, r2, full(settingsRes(defaultNodeSettings()), svcA.resource())))
+	got := readState(t, mk).Services
+	want := map[string][]string{
+		"tcp/198.18.0.10:80 rr": {"198.19.1.2:8080 w1", "198.19.2.3:8080 w1"},
+		"tcp/203.0.113.5:80 rr": nil,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the restart the kernel holds %v, want %v", got, want)
+	}
+}
