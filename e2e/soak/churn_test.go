@@ -9,7 +9,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
 
+	"github.com/vsplane/vsplane/controlplane/apis/v1alpha1"
 	"github.com/vsplane/vsplane/e2e/cluster"
 )
 
@@ -18,7 +24,11 @@ import (
 // convergence is checked against a moving target: creations (ClusterIP or
 // NodePort, TCP or TCP+UDP), endpoint changes (a subset of the pods, one of
 // them terminating now and then), type changes, session-affinity changes,
-// deletions. Its operations come from the seed (their timing from the
+// deletions, and scheduler rollouts over them (one at a time: started,
+// paused or resumed, aborted, deleted). One Service in three is dual-stack
+// (an IPv6 slice beside the IPv4 one); one endpoint set in three carries
+// zone hints; node2 changes zone (zone-b <-> zone-a) and gains or loses an
+// ExternalIP address now and then. Its operations come from the seed (their timing from the
 // machine); a write the apiserver refuses (down) is counted and skipped.
 type churn struct {
 	r      *run
@@ -27,7 +37,29 @@ type churn struct {
 	next   int
 	counts map[string]int
 	errors int
+	// rollout is the live SchedulerRollout's name ("" when none).
+	rollout  string
+	rollouts int
+	dyn      dynamic.Interface
+	// dual: the live dual-stack Services. zones: each node's zone now.
+	dual  map[string]bool
+	zones map[string]string
 }
+
+// churnZones are the nodes' zones at the start (Options.Zones).
+var churnZones = []string{"zone-a", "zone-b"}
+
+// node2ExternalIP is the address the node op adds to and removes from
+// node2's status (TEST-NET-3: nothing answers there).
+const node2ExternalIP = "203.0.113.12"
+
+// churnLabel marks the churn's Services: its rollouts select them, never the
+// stable ones.
+var churnLabel = map[string]string{"soak": "churn"}
+
+// rolloutSchedulers are the schedulers a churn rollout moves to (the
+// Services' own is rr).
+var rolloutSchedulers = []string{"mh", "sh", "lc", "wrr"}
 
 const (
 	churnInterval = 3 * time.Second
@@ -36,8 +68,13 @@ const (
 
 var churnPods = []string{"pod-a", "pod-b", "pod-c", "pod-d"}
 
-func newChurn(r *run, seed uint64) *churn {
-	return &churn{r: r, rng: rand.New(rand.NewPCG(seed, 0x636875726e)), counts: map[string]int{}} // "churn"
+func newChurn(r *run, seed uint64) (*churn, error) {
+	dyn, err := dynamic.NewForConfig(r.c.Env.RESTConfig())
+	if err != nil {
+		return nil, err
+	}
+	return &churn{r: r, rng: rand.New(rand.NewPCG(seed, 0x636875726e)), counts: map[string]int{}, dyn: dyn, // "churn"
+		dual: map[string]bool{}, zones: map[string]string{"node1": churnZones[0], "node2": churnZones[1]}}, nil
 }
 
 func (ch *churn) run(ctx context.Context) {
@@ -65,15 +102,19 @@ func (ch *churn) run(ctx context.Context) {
 }
 
 func (ch *churn) pick() string {
-	switch n := ch.rng.IntN(10); {
-	case len(ch.live) < 2 || (n < 3 && len(ch.live) < churnMax):
+	switch n := ch.rng.IntN(20); {
+	case len(ch.live) < 2 || (n < 6 && len(ch.live) < churnMax):
 		return "create"
-	case n < 6:
+	case n < 12:
 		return "endpoints"
-	case n < 7:
+	case n < 14:
 		return "type"
-	case n < 8:
+	case n < 15:
 		return "affinity"
+	case n < 17:
+		return "rollout"
+	case n < 18:
+		return "node"
 	default:
 		return "delete"
 	}
@@ -87,22 +128,48 @@ func (ch *churn) ports() []cluster.Port {
 }
 
 // endpoints draws one to four of the pods, the first terminating (not
-// ready) one time in four.
-func (ch *churn) endpoints() ([]cluster.Endpoint, error) {
+// ready) one time in four, all with their node's zone and a hint for it one
+// time in three; dual adds each pod's IPv6 endpoint (v6).
+func (ch *churn) endpoints(dual bool) (v4, v6 []cluster.Endpoint, err error) {
 	pods := append([]string(nil), churnPods...)
 	ch.rng.Shuffle(len(pods), func(i, j int) { pods[i], pods[j] = pods[j], pods[i] })
-	var eps []cluster.Endpoint
+	hints := ch.rng.IntN(3) == 0
 	for i, p := range pods[:1+ch.rng.IntN(len(pods))] {
-		ep, err := ch.r.c.PodEndpoint(p, false)
-		if err != nil {
-			return nil, err
+		terminating := i == 0 && ch.rng.IntN(4) == 0
+		for _, ipv6 := range []bool{false, true} {
+			if ipv6 && !dual {
+				continue
+			}
+			ep, err := ch.r.c.PodEndpoint(p, ipv6)
+			if err != nil {
+				return nil, nil, err
+			}
+			ep.NotReady, ep.Terminating = terminating, terminating
+			if hints {
+				ep.Zone = ch.zones[ep.Node]
+				ep.HintZones = []string{ep.Zone}
+			}
+			if ipv6 {
+				v6 = append(v6, ep)
+			} else {
+				v4 = append(v4, ep)
+			}
 		}
-		if i == 0 && ch.rng.IntN(4) == 0 {
-			ep.NotReady, ep.Terminating = true, true
-		}
-		eps = append(eps, ep)
 	}
-	return eps, nil
+	return v4, v6, nil
+}
+
+// applySlices writes name's IPv4 slice and, for a dual-stack Service, its
+// IPv6 one.
+func (ch *churn) applySlices(ctx context.Context, name string, ports []cluster.Port, v4, v6 []cluster.Endpoint) error {
+	c := ch.r.c
+	if err := c.ApplySlice(ctx, ns, name, name+"-vsplane", discoveryv1.AddressTypeIPv4, ports, v4); err != nil {
+		return err
+	}
+	if !ch.dual[name] {
+		return nil
+	}
+	return c.ApplySlice(ctx, ns, name, name+"-vsplane6", discoveryv1.AddressTypeIPv6, ports, v6)
 }
 
 func (ch *churn) do(ctx context.Context, op string) error {
@@ -113,20 +180,45 @@ func (ch *churn) do(ctx context.Context, op string) error {
 		ch.next++
 		name := fmt.Sprintf("churn-%d", ch.next)
 		ports := ch.ports()
-		eps, err := ch.endpoints()
+		dual := ch.rng.IntN(3) == 0
+		v4, v6, err := ch.endpoints(dual)
 		if err != nil {
 			return err
 		}
-		if _, err := c.CreateService(ctx, ns, name, ports, nil); err != nil {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: churnLabel},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}}
+		if dual {
+			policy := corev1.IPFamilyPolicyRequireDualStack
+			svc.Spec.IPFamilyPolicy = &policy
+			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		}
+		for _, p := range ports {
+			svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.Name, Port: p.Port, Protocol: p.Protocol,
+				TargetPort: intstr.FromInt32(cluster.ServePort)})
+		}
+		if _, err := svcs.Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 			return err
 		}
 		ch.live = append(ch.live, name)
-		return c.ApplySlice(ctx, ns, name, name+"-vsplane", discoveryv1.AddressTypeIPv4, ports, eps)
+		ch.dual[name] = dual
+		return ch.applySlices(ctx, name, ports, v4, v6)
+	case "rollout":
+		return ch.doRollout(ctx)
+	case "node":
+		return ch.doNode(ctx)
 	case "delete":
 		i := ch.rng.IntN(len(ch.live))
 		name := ch.live[i]
 		ch.live = append(ch.live[:i], ch.live[i+1:]...)
-		return c.DeleteService(ctx, ns, name)
+		dual := ch.dual[name]
+		delete(ch.dual, name)
+		if err := c.DeleteService(ctx, ns, name); err != nil {
+			return err
+		}
+		if dual {
+			return c.Kube.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-vsplane6", metav1.DeleteOptions{})
+		}
+		return nil
 	}
 	name := ch.live[ch.rng.IntN(len(ch.live))]
 	svc, err := svcs.Get(ctx, name, metav1.GetOptions{})
@@ -135,7 +227,7 @@ func (ch *churn) do(ctx context.Context, op string) error {
 	}
 	switch op {
 	case "endpoints":
-		eps, err := ch.endpoints()
+		v4, v6, err := ch.endpoints(ch.dual[name])
 		if err != nil {
 			return err
 		}
@@ -143,7 +235,7 @@ func (ch *churn) do(ctx context.Context, op string) error {
 		for _, p := range svc.Spec.Ports {
 			ports = append(ports, cluster.Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
 		}
-		return c.ApplySlice(ctx, ns, name, name+"-vsplane", discoveryv1.AddressTypeIPv4, ports, eps)
+		return ch.applySlices(ctx, name, ports, v4, v6)
 	case "type":
 		if svc.Spec.Type == corev1.ServiceTypeNodePort {
 			svc.Spec.Type = corev1.ServiceTypeClusterIP
@@ -162,5 +254,82 @@ func (ch *churn) do(ctx context.Context, op string) error {
 		}
 	}
 	_, err = svcs.Update(ctx, svc, metav1.UpdateOptions{})
+	return err
+}
+
+// doRollout starts a SchedulerRollout of the churn's Services (two steps:
+// one node, then all; paused at its first step one time in two) when none
+// is live, else pauses or resumes, aborts or deletes the live one.
+func (ch *churn) doRollout(ctx context.Context) error {
+	res := ch.dyn.Resource(v1alpha1.Resource)
+	if ch.rollout == "" {
+		ch.rollouts++
+		name := fmt.Sprintf("churn-rollout-%d", ch.rollouts)
+		ro := &v1alpha1.SchedulerRollout{
+			TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "SchedulerRollout"},
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: v1alpha1.SchedulerRolloutSpec{Scheduler: rolloutSchedulers[ch.rng.IntN(len(rolloutSchedulers))],
+				Paused:          ch.rng.IntN(2) == 0,
+				ServiceSelector: &metav1.LabelSelector{MatchLabels: churnLabel},
+				Strategy:        v1alpha1.RolloutStrategy{Steps: []intstr.IntOrString{intstr.FromInt32(1), intstr.FromString("100%")}}},
+		}
+		obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ro)
+		if err != nil {
+			return err
+		}
+		if _, err := res.Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		ch.rollout = name
+		return nil
+	}
+	var patch string
+	switch n := ch.rng.IntN(4); n {
+	case 0:
+		patch = `{"spec":{"paused":true}}`
+	case 1:
+		patch = `{"spec":{"paused":false}}`
+	case 2:
+		patch = `{"spec":{"abort":true}}`
+	default:
+		name := ch.rollout
+		ch.rollout = ""
+		return res.Delete(ctx, name, metav1.DeleteOptions{})
+	}
+	_, err := res.Patch(ctx, ch.rollout, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// doNode changes node2: its zone (zone-b <-> zone-a) or, one time in two,
+// its ExternalIP (added when absent, removed when present).
+func (ch *churn) doNode(ctx context.Context) error {
+	nodes := ch.r.c.Kube.CoreV1().Nodes()
+	n, err := nodes.Get(ctx, "node2", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if ch.rng.IntN(2) == 0 {
+		zone := churnZones[0]
+		if ch.zones["node2"] == zone {
+			zone = churnZones[1]
+		}
+		n.Labels["topology.kubernetes.io/zone"] = zone
+		if _, err := nodes.Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		ch.zones["node2"] = zone
+		return nil
+	}
+	kept := n.Status.Addresses[:0]
+	for _, a := range n.Status.Addresses {
+		if a.Address != node2ExternalIP {
+			kept = append(kept, a)
+		}
+	}
+	if len(kept) == len(n.Status.Addresses) {
+		kept = append(kept, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: node2ExternalIP})
+	}
+	n.Status.Addresses = kept
+	_, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
 	return err
 }

@@ -114,12 +114,46 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 			return err
 		}
 		// A torn write: the first half of the file, then garbage.
-		path := fmt.Sprintf("/run/vsplane/%s/applied-state.pb", node)
+		path := stateDir(node) + "/applied-state.pb"
 		if _, err := c.VM.RunOK(ctx, fmt.Sprintf(
 			`f=%s; test -s $f; s=$(wc -c < $f); head -c $((s/2)) $f > $f.tmp && printf 'soak\377\377\377garbage' >> $f.tmp && mv $f.tmp $f`, path)); err != nil {
 			return fmt.Errorf("corrupt %s: %w", path, err)
 		}
 		return c.StartAgent(ctx, node)
+	case AgentStateDiskFull:
+		if err := killAgent(); err != nil {
+			return err
+		}
+		if err := fillStateDisk(ctx, c, node); err != nil {
+			return err
+		}
+		if err := c.StartAgent(ctx, node); err != nil {
+			return err
+		}
+		// The restarted agent resumes from its file and applies its first
+		// Delta (every Apply tries a save): its saves fail, and it goes on.
+		if err := cluster.Await(ctx, f.Hold+callTimeout, time.Second, func(ctx context.Context) error {
+			n, err := agentSaveFailures(ctx, c, node)
+			if err == nil && n == 0 {
+				err = errors.New("no failed save of the state file counted yet")
+			}
+			return err
+		}); err != nil {
+			return fmt.Errorf("state disk of %s full: %w", node, err)
+		}
+		hold()
+		if _, err := c.VM.RunOK(context.WithoutCancel(ctx), "rm -f "+stateDir(node)+"/filler"); err != nil {
+			return err
+		}
+		// Converged also means the file written again.
+		*extra = func(ctx context.Context) error {
+			l, err := c.AgentLog(ctx, node)
+			if err == nil && !strings.Contains(l, "applied state saved again") {
+				err = fmt.Errorf("%s: the agent has not saved its state since the disk was freed", node)
+			}
+			return err
+		}
+		return nil
 	case AgentStop:
 		pid, err := agentPID()
 		if err != nil {
@@ -207,6 +241,47 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 		return nil
 	}
 	return fmt.Errorf("unknown fault kind %q", f.Kind)
+}
+
+// stateDir is node's agent's --state-dir in the guest (Cluster.AgentCommand).
+func stateDir(node string) string { return "/run/vsplane/" + node }
+
+// stateDiskSize is the tmpfs the disk-full fault puts under a state dir:
+// room for the soak's state file (a few KiB), filled up by the fault.
+const stateDiskSize = "1m"
+
+// fillStateDisk leaves node's state dir on a full filesystem, its state
+// file in place: the first time, a small tmpfs is mounted there (in the
+// guest's own mount namespace, so the agents started later see it, and it
+// stays for the rest of the soak) with the dir's files copied in; then a
+// filler file takes every free block. The agent must not be running.
+func fillStateDisk(ctx context.Context, c *cluster.Cluster, node string) error {
+	_, err := c.VM.RunOK(ctx, fmt.Sprintf(`set -e; d=%[1]s
+if ! mountpoint -q $d; then
+  t=$(mktemp -d); cp -a $d/. $t/; mount -t tmpfs -o size=%[2]s soak-state-%[3]s $d; cp -a $t/. $d/; rm -rf $t
+fi
+dd if=/dev/zero of=$d/filler bs=4k >/dev/null 2>&1 || true
+if (echo probe > $d/probe) 2>/dev/null; then echo "$d is not full"; df -k $d; exit 1; fi
+rm -f $d/probe`, stateDir(node), stateDiskSize, node))
+	if err != nil {
+		return fmt.Errorf("fill the state disk of %s: %w", node, err)
+	}
+	return nil
+}
+
+// agentSaveFailures reads node's agent's vsplane_agent_state_save_failures_total.
+func agentSaveFailures(ctx context.Context, c *cluster.Cluster, node string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	out, err := c.RunInNode(ctx, node, "wget -qO- http://127.0.0.1:10249/metrics | grep '^vsplane_agent_state_save_failures_total '")
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	if _, err := fmt.Sscanf(strings.TrimPrefix(strings.TrimSpace(out), "vsplane_agent_state_save_failures_total "), "%g", &n); err != nil {
+		return 0, fmt.Errorf("%s: save failures %q: %w", node, out, err)
+	}
+	return int(n), nil
 }
 
 // awaitConverged waits (convergeBound) until every agent is connected with

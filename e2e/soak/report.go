@@ -64,6 +64,10 @@ type TrafficResult struct {
 	// DuringDrift are the failures while a drift fault broke the path's
 	// node (expected; not violations).
 	DuringDrift int `json:"failed_during_drift"`
+	// Wrong are answers that broke the path's own check outside drift
+	// (affinity moved; a Local NodePort answered by another node's pod or
+	// without the client's address): each is a violation too.
+	Wrong int `json:"wrong_answers"`
 }
 
 // MemorySeries is one process's memory and goroutines over time.
@@ -200,9 +204,9 @@ func (r *Report) Markdown() string {
 			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d |\n", k, st.Count, ms(st.P50), ms(st.P99), ms(st.Max), st.Failed)
 		}
 	}
-	b.WriteString("\n## Traffic to the stable Services\n\n| loop | target | sent | failed | of them during drift of its node |\n|---|---|---:|---:|---:|\n")
+	b.WriteString("\n## Traffic to the stable Services\n\n| loop | target | sent | failed | of them during drift of its node | wrong answers |\n|---|---|---:|---:|---:|---:|\n")
 	for _, tr := range r.Traffic {
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d |\n", tr.Name, tr.Target, tr.Sent, tr.Failed, tr.DuringDrift)
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d |\n", tr.Name, tr.Target, tr.Sent, tr.Failed, tr.DuringDrift, tr.Wrong)
 	}
 	b.WriteString("\n## Churn of other Services\n\n| operation | count |\n|---|---:|\n")
 	for _, op := range slices.Sorted(maps.Keys(r.Churn)) {

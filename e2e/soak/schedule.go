@@ -27,6 +27,10 @@ const (
 	// AgentStateCorrupt: SIGKILL of a node's agent, its state file
 	// overwritten with garbage, then a restart.
 	AgentStateCorrupt Kind = "agent-state-corrupt"
+	// AgentStateDiskFull: a node's state directory full (a small tmpfs
+	// filled up) for Fault.Hold: the agent SIGKILLed and restarted on the
+	// full disk, its saves failing meanwhile; then the space freed.
+	AgentStateDiskFull Kind = "agent-state-disk-full"
 	// ReplicaKill: SIGKILL of a control-plane replica, then a restart.
 	ReplicaKill Kind = "replica-kill"
 	// ReplicaStop: SIGSTOP of a replica for Fault.Hold, then SIGCONT.
@@ -50,7 +54,7 @@ const (
 )
 
 // Kinds are every fault kind, in the order reports list them.
-var Kinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, AgentCutOff, ReplicaKill, ReplicaStop, RollingRestart,
+var Kinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, AgentStateDiskFull, AgentCutOff, ReplicaKill, ReplicaStop, RollingRestart,
 	APIServerStop, DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete, DriftChainFlush}
 
 // Drift reports whether k breaks a node's kernel state on purpose:
@@ -59,13 +63,13 @@ func (k Kind) Drift() bool { return strings.HasPrefix(string(k), "drift-") }
 
 // OnNode reports whether k's target is a node (else a replica, or none).
 func (k Kind) OnNode() bool {
-	return k.Drift() || k == AgentKill || k == AgentStop || k == AgentStateCorrupt || k == AgentCutOff
+	return k.Drift() || k == AgentKill || k == AgentStop || k == AgentStateCorrupt || k == AgentStateDiskFull || k == AgentCutOff
 }
 
 // weights: how often each kind is drawn (process faults more often than
 // the apiserver, the slowest to recover).
 var weights = map[Kind]int{
-	AgentKill: 3, AgentStop: 2, AgentStateCorrupt: 2, AgentCutOff: 2, ReplicaKill: 3, ReplicaStop: 2,
+	AgentKill: 3, AgentStop: 2, AgentStateCorrupt: 2, AgentStateDiskFull: 2, AgentCutOff: 2, ReplicaKill: 3, ReplicaStop: 2,
 	RollingRestart: 1, APIServerStop: 1,
 	DriftIPVSFlush: 2, DriftIPSetFlush: 2, DriftAddressDelete: 2, DriftChainFlush: 2,
 }
@@ -141,7 +145,7 @@ func Schedule(seed uint64, d time.Duration, s Shape) []Fault {
 		switch k {
 		case AgentStop, ReplicaStop:
 			f.Hold = time.Duration(20+rng.IntN(61)) * step // 2-8 s
-		case APIServerStop, AgentCutOff:
+		case APIServerStop, AgentCutOff, AgentStateDiskFull:
 			f.Hold = time.Duration(50+rng.IntN(101)) * step // 5-15 s
 		}
 		out = append(out, f)

@@ -47,7 +47,7 @@ func TestScheduleBounds(t *testing.T) {
 			if f.Target < 0 || f.Target >= max {
 				t.Fatalf("seed %d: target of %v", seed, f)
 			}
-			hold := f.Kind == AgentStop || f.Kind == ReplicaStop || f.Kind == APIServerStop || f.Kind == AgentCutOff
+			hold := f.Kind == AgentStop || f.Kind == ReplicaStop || f.Kind == APIServerStop || f.Kind == AgentCutOff || f.Kind == AgentStateDiskFull
 			if hold != (f.Hold > 0) || f.Hold > 15*time.Second {
 				t.Fatalf("seed %d: hold of %v", seed, f)
 			}

@@ -23,6 +23,12 @@ type loop struct {
 	// seen is the last request number counted; sent, failed and drift the
 	// totals so far; evidence how often the path was logged after a failure.
 	seen, sent, failed, drift, evidence int
+	// check, if set, judges an answer ("pod-a from 10.0.0.1:4242"): what is
+	// wrong with it ("" when right). pinned is the backend ClientIP
+	// affinity holds the client to (checkAffinity).
+	check  func(l *loop, answer string) string
+	pinned string
+	wrong  int
 }
 
 var reqLine = regexp.MustCompile(`(?m)^(\d+) (ok|fail)(.*)$`)
@@ -37,6 +43,9 @@ func (r *run) startLoops(t *testing.T) []*loop {
 		{name: "clusterip-tcp", proto: "tcp", addr: r.vip + ":80", node: "node1"},
 		{name: "clusterip-udp", proto: "udp", addr: r.vip + ":80", node: "node1"},
 		{name: "nodeport-tcp", proto: "tcp", addr: np, node: "node2"},
+		{name: "affinity-tcp", proto: "tcp", addr: r.affinityVIP + ":80", node: "node1", check: checkAffinity},
+		{name: "local-nodeport-tcp", proto: "tcp", addr: fmt.Sprintf("%s:%d", r.nodeIP["node2"], r.localNodePort), node: "node2",
+			check: checkLocal("pod-b", r.c.Client.IP)},
 	}
 	if _, err := r.c.VM.RunOK(r.ctx, "rm -f "+stopFile); err != nil {
 		t.Fatal(err)
@@ -67,6 +76,7 @@ func (r *run) count(l *loop, out string) {
 		l.seen = i
 		l.sent++
 		if m[2] != "fail" {
+			r.judge(l, i, strings.TrimSpace(m[3]))
 			continue
 		}
 		l.failed++
@@ -79,6 +89,53 @@ func (r *run) count(l *loop, out string) {
 			l.evidence++
 			r.logPath(l)
 		}
+	}
+}
+
+// judge applies l's check to request i's answer. Under drift of l's node
+// an answer is not judged, and affinity may move (ipvsadm -C drops the
+// persistence templates): the first answer then pins it again.
+func (r *run) judge(l *loop, i int, answer string) {
+	if l.check == nil {
+		return
+	}
+	if r.inDrift(l.node) {
+		l.pinned = backendOf(answer)
+		return
+	}
+	if msg := l.check(l, answer); msg != "" {
+		l.wrong++
+		r.violate("wrong answer", "%s to %s (via %s): request %d: %s", l.name, l.addr, l.node, i, msg)
+	}
+}
+
+func backendOf(answer string) string {
+	b, _, _ := strings.Cut(answer, " ")
+	return b
+}
+
+// checkAffinity: every answer from the backend of the first one (ClientIP
+// session affinity, timeout 3 hours).
+func checkAffinity(l *loop, answer string) string {
+	b := backendOf(answer)
+	if l.pinned == "" {
+		l.pinned = b
+	}
+	if b != l.pinned {
+		return fmt.Sprintf("answered by %s, the client's affinity is to %s", b, l.pinned)
+	}
+	return ""
+}
+
+// checkLocal: externalTrafficPolicy Local through a node's NodePort is
+// answered by that node's pod, which sees the client's own address.
+func checkLocal(pod, client string) func(*loop, string) string {
+	want := pod + " from " + client + ":"
+	return func(_ *loop, answer string) string {
+		if !strings.HasPrefix(answer, want) {
+			return fmt.Sprintf("answer %q, want %q...", answer, want)
+		}
+		return ""
 	}
 }
 
@@ -133,8 +190,8 @@ func (r *run) finishLoops(t *testing.T, loops []*loop) []TrafficResult {
 			t.Errorf("loop %s: %v", l.name, err)
 		}
 		r.count(l, log)
-		out = append(out, TrafficResult{Name: l.name, Target: l.addr, Sent: l.sent, Failed: l.failed, DuringDrift: l.drift})
-		t.Logf("%s to %s: %d sent, %d failed (%d during drift of %s)", l.name, l.addr, l.sent, l.failed, l.drift, l.node)
+		out = append(out, TrafficResult{Name: l.name, Target: l.addr, Sent: l.sent, Failed: l.failed, DuringDrift: l.drift, Wrong: l.wrong})
+		t.Logf("%s to %s: %d sent, %d failed (%d during drift of %s), %d wrong answers", l.name, l.addr, l.sent, l.failed, l.drift, l.node, l.wrong)
 	}
 	return out
 }
@@ -163,30 +220,35 @@ func (r *run) monitor(ctx context.Context) {
 			if err != nil {
 				continue
 			}
-			if msg := stableMissing(tab, r.vip, n.IP, r.nodePort); msg != "" && !r.inDrift(n.Name) {
+			if msg := r.stableMissing(tab, n.Name); msg != "" && !r.inDrift(n.Name) {
 				r.violate("stable virtual server missing", "%s: %s\n%s", n.Name, msg, tab)
 			}
 		}
 	}
 }
 
-// stableMissing says what of the stable Services' virtual servers tab lacks
-// ("" when all are there, each with two serving real servers).
-func stableMissing(tab cluster.IPVSTable, vip, nodeIP string, nodePort int32) string {
+// stableMissing says what of the stable Services' virtual servers node's
+// IPVS table tab lacks ("" when all are there, each with both pods serving;
+// the Local NodePort on node2 with node2's pod alone).
+func (r *run) stableMissing(tab cluster.IPVSTable, node string) string {
 	var missing []string
-	check := func(addr string, port int32, want int) {
+	check := func(addr string, port int32, want, serving int) {
 		found := tab.Find(addr, port)
 		if len(found) != want {
 			missing = append(missing, fmt.Sprintf("%d of %d virtual servers on %s:%d", len(found), want, addr, port))
 			return
 		}
 		for k := range found {
-			if s := tab.Serving(k); len(s) != 2 {
+			if s := tab.Serving(k); len(s) != serving {
 				missing = append(missing, fmt.Sprintf("%s serves %v", k, s))
 			}
 		}
 	}
-	check(vip, 80, 2)
-	check(nodeIP, nodePort, 1)
+	check(r.vip, 80, 2, 2)
+	check(r.nodeIP[node], r.nodePort, 1, 2)
+	check(r.affinityVIP, 80, 1, 2)
+	if node == "node2" {
+		check(r.nodeIP[node], r.localNodePort, 1, 1)
+	}
 	return strings.Join(missing, "; ")
 }
