@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -85,13 +86,21 @@ type Options struct {
 	// appended (default "vsplane-agent"): e.g. a shell wrapper that
 	// chroots into an unpacked image (e2e/images).
 	AgentExec string
+	// AgentExecs gives a node (by name) an agent command of its own instead
+	// of AgentExec, e.g. another version's binary put in the guest by
+	// Binaries (e2e/skew); SetAgentExec changes it for later StartAgent calls.
+	AgentExecs map[string]string
 	// Replicas > 0 runs that many control-plane replicas as separate host
 	// processes (vsplane-controlplane, built for the test) instead of one
 	// in-process replica, each on its own port the guest reaches through
 	// guestfwd; agents get all of them in --controlplane. ReplicaArgs are
-	// extra flags for every replica.
-	Replicas    int
-	ReplicaArgs []string
+	// extra flags for every replica. ReplicaBinary, if set, is the host
+	// executable the replicas run instead of one built from this checkout
+	// (e.g. an earlier commit's, e2e/skew); ReplicaProc.SetBinary changes it
+	// per replica.
+	Replicas      int
+	ReplicaArgs   []string
+	ReplicaBinary string
 	// ReplicaMetrics gives each replica process a /metrics listener on a
 	// free loopback port (ReplicaProc.MetricsAddr); off, they have none.
 	ReplicaMetrics bool
@@ -456,12 +465,15 @@ func (c *Cluster) AddPod(ctx context.Context, node, name string) (*vm.Pod, error
 // AgentCommand is the guest command line of node's agent.
 func (c *Cluster) AgentCommand(node string) string {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	// --ipv6 is left at auto: a dual-stack topology gives every node a
 	// global IPv6 address, so the agents detect it (and an IPv4-only one
 	// does not).
 	extra := c.opts.AgentArgs
-	c.mu.Unlock()
 	agent := c.opts.AgentExec
+	if e := c.opts.AgentExecs[node]; e != "" {
+		agent = e
+	}
 	if agent == "" {
 		agent = "vsplane-agent"
 	}
@@ -475,6 +487,20 @@ func (c *Cluster) SetAgentArgs(args string) {
 	c.mu.Lock()
 	c.opts.AgentArgs = args
 	c.mu.Unlock()
+}
+
+// SetAgentExec replaces the command that runs node's agent
+// (Options.AgentExecs; "" falls back to Options.AgentExec) for agents
+// started from now on: e.g. StopAgent, SetAgentExec, StartAgent upgrades
+// or downgrades node's agent over its state dir.
+func (c *Cluster) SetAgentExec(node, exec string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.opts.AgentExecs = maps.Clone(c.opts.AgentExecs)
+	if c.opts.AgentExecs == nil {
+		c.opts.AgentExecs = map[string]string{}
+	}
+	c.opts.AgentExecs[node] = exec
 }
 
 // StartAgent starts node's agent (with the same state dir every time) and

@@ -39,24 +39,28 @@ type ReplicaProc struct {
 	c *Cluster
 
 	mu     sync.Mutex
+	bin    string // the executable Start runs
 	cmd    *exec.Cmd
 	done   chan struct{}
 	starts int
 }
 
-// startReplicaProcs builds the control plane, picks a port per replica and
-// starts them all.
+// startReplicaProcs builds the control plane (unless Options.ReplicaBinary
+// names one), picks a port per replica and starts them all.
 func (c *Cluster) startReplicaProcs(ctx context.Context, n int) error {
 	dir, err := os.MkdirTemp("", "vsplane-replicas-")
 	if err != nil {
 		return err
 	}
 	c.replicaDir = dir
-	bins, err := vm.BuildStatic(ctx, dir, ControlPlanePackage)
-	if err != nil {
-		return fmt.Errorf("build control plane: %w", err)
+	c.replicaBin = c.opts.ReplicaBinary
+	if c.replicaBin == "" {
+		bins, err := vm.BuildStatic(ctx, dir, ControlPlanePackage)
+		if err != nil {
+			return fmt.Errorf("build control plane: %w", err)
+		}
+		c.replicaBin = bins[0]
 	}
-	c.replicaBin = bins[0]
 	for i := range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -64,7 +68,7 @@ func (c *Cluster) startReplicaProcs(ctx context.Context, n int) error {
 		}
 		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close() // the replica binds it; the guestfwd rule names it before the VM boots
-		r := &ReplicaProc{Index: i, Port: port, Addr: ln.Addr().String(), c: c}
+		r := &ReplicaProc{Index: i, Port: port, Addr: ln.Addr().String(), c: c, bin: c.replicaBin}
 		if c.opts.ReplicaMetrics {
 			mln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -124,7 +128,7 @@ func (r *ReplicaProc) Start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(r.c.replicaBin, r.c.replicaArgs(r)...)
+	cmd := exec.Command(r.bin, r.c.replicaArgs(r)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -139,6 +143,15 @@ func (r *ReplicaProc) Start() error {
 	}()
 	r.cmd, r.done = cmd, done
 	return nil
+}
+
+// SetBinary sets the host executable the replica's next Start runs: a
+// rolling upgrade (or rollback) is Signal(SIGTERM), SetBinary, Start and
+// AwaitServing, one replica at a time.
+func (r *ReplicaProc) SetBinary(path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.bin = path
 }
 
 // Signal sends sig to the replica and, for SIGKILL and SIGTERM, waits (at
@@ -164,6 +177,21 @@ func (r *ReplicaProc) Signal(sig syscall.Signal) error {
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("replica %d did not exit within 30s of %v", r.Index, sig)
 	}
+}
+
+// Restart ends the replica with sig (Signal), starts it again (with the
+// binary SetBinary last set) and waits (2 minutes at most) until it serves.
+func (r *ReplicaProc) Restart(ctx context.Context, sig syscall.Signal) error {
+	if err := r.Signal(sig); err != nil {
+		return err
+	}
+	if err := r.Start(); err != nil {
+		return err
+	}
+	if err := r.AwaitServing(ctx, 2*time.Minute); err != nil {
+		return fmt.Errorf("%w\n%s", err, r.LogTail(20))
+	}
+	return nil
 }
 
 // PID is the process id of the replica's current process (0 if never

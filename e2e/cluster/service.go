@@ -172,7 +172,18 @@ func (c *Cluster) requestsFrom(ctx context.Context, ns *vm.Netns, proto, addr st
 // client in the background (as process name); collect the result with
 // LoopResult.
 func (c *Cluster) StartRequestLoop(ctx context.Context, name, proto, addr string, count int, interval string) (*vm.Proc, error) {
-	return c.Client.Start(ctx, name, fmt.Sprintf("e2ehelper request --proto %s --addr %s --count %d --timeout 2s --interval %s", proto, addr, count, interval))
+	return c.StartRequestLoopFrom(ctx, c.Client, name, proto, addr, count, interval, "")
+}
+
+// StartRequestLoopFrom is StartRequestLoop from any namespace (e.g. a
+// client routed through another node); a non-empty stopFile (a guest path)
+// ends the loop once it exists, count then being its bound.
+func (c *Cluster) StartRequestLoopFrom(ctx context.Context, from *vm.Netns, name, proto, addr string, count int, interval, stopFile string) (*vm.Proc, error) {
+	cmd := fmt.Sprintf("e2ehelper request --proto %s --addr %s --count %d --timeout 2s --interval %s", proto, addr, count, interval)
+	if stopFile != "" {
+		cmd += " --stop-file " + stopFile
+	}
+	return from.Start(ctx, name, cmd)
 }
 
 // LoopResult waits for a request loop started by StartRequestLoop and

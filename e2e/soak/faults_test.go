@@ -2,7 +2,6 @@ package soak
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -168,7 +167,7 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 		_, err = c.VM.RunOK(context.WithoutCancel(ctx), fmt.Sprintf("kill -CONT -%d", pid))
 		return err
 	case ReplicaKill:
-		return restartReplica(ctx, c.ReplicaProcs[f.Target], syscall.SIGKILL)
+		return c.ReplicaProcs[f.Target].Restart(ctx, syscall.SIGKILL)
 	case ReplicaStop:
 		rp := c.ReplicaProcs[f.Target]
 		pid := rp.PID()
@@ -234,7 +233,7 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 		return err
 	case RollingRestart:
 		for _, rp := range c.ReplicaProcs {
-			if err := restartReplica(ctx, rp, syscall.SIGTERM); err != nil {
+			if err := rp.Restart(ctx, syscall.SIGTERM); err != nil {
 				return err
 			}
 		}
@@ -356,9 +355,8 @@ func (r *run) converged(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		if st.Differences != 0 || len(st.Failed) > 0 || len(st.ReadErrors) > 0 {
-			errs = append(errs, fmt.Errorf("%s: kernel against desired: %d differences %v, failed %v, read errors %v",
-				n.Name, st.Differences, st.NotInSync, st.Failed, st.ReadErrors))
+		if err := st.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -379,23 +377,9 @@ func (r *run) kernelState(ctx context.Context, node string) (KernelState, error)
 	if err != nil {
 		return KernelState{}, fmt.Errorf("%s: kstate: %w", node, err)
 	}
-	var st KernelState
-	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &st); err != nil {
-		return KernelState{}, fmt.Errorf("%s: kstate output %q: %w", node, out, err)
+	st, err := ParseKernelState(out)
+	if err != nil {
+		return KernelState{}, fmt.Errorf("%s: %w", node, err)
 	}
 	return st, nil
-}
-
-// restartReplica ends rp with sig, starts it again and waits until it serves.
-func restartReplica(ctx context.Context, rp *cluster.ReplicaProc, sig syscall.Signal) error {
-	if err := rp.Signal(sig); err != nil {
-		return err
-	}
-	if err := rp.Start(); err != nil {
-		return err
-	}
-	if err := rp.AwaitServing(ctx, 2*time.Minute); err != nil {
-		return fmt.Errorf("%w\n%s", err, rp.LogTail(20))
-	}
-	return nil
 }

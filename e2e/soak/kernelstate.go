@@ -1,5 +1,11 @@
 package soak
 
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
 // KernelState is what the guest helper kstate (e2e/soak/kstate) prints of
 // a node agent's GetKernelState: the kernel against the desired state.
 type KernelState struct {
@@ -10,4 +16,26 @@ type KernelState struct {
 	Failed         map[string]string `json:"failed,omitempty"`
 	ReadErrors     []string          `json:"read_errors,omitempty"`
 	KernelErrors   []string          `json:"kernel_errors,omitempty"`
+}
+
+// KStatePackage is the guest helper's Go package (cluster.Options.GoPackages).
+const KStatePackage = "./e2e/soak/kstate"
+
+// ParseKernelState decodes kstate's output (one JSON line).
+func ParseKernelState(out string) (KernelState, error) {
+	var st KernelState
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &st); err != nil {
+		return KernelState{}, fmt.Errorf("kstate output %q: %w", out, err)
+	}
+	return st, nil
+}
+
+// Err is nil when the kernel equals the agent's desired state: no
+// difference, no failed resource, no read error.
+func (s KernelState) Err() error {
+	if s.Differences != 0 || len(s.Failed) > 0 || len(s.ReadErrors) > 0 {
+		return fmt.Errorf("kernel against desired: %d differences %v, failed %v, read errors %v",
+			s.Differences, s.NotInSync, s.Failed, s.ReadErrors)
+	}
+	return nil
 }

@@ -199,7 +199,7 @@ func TestSoak(t *testing.T) {
 		Zones:           churnZones,
 		ReconcilePeriod: reconcilePeriod,
 		AgentArgs:       "--first-delta-timeout 10s",
-		GoPackages:      []string{"./e2e/soak/kstate"},
+		GoPackages:      []string{KStatePackage},
 	})
 	t.Logf("cluster up in %v (VM build %v, boot %v)", time.Since(t0).Round(time.Millisecond),
 		c.VM.BuildTime.Round(time.Millisecond), c.VM.BootTime.Round(time.Millisecond))

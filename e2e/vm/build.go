@@ -97,3 +97,10 @@ func BuildStatic(ctx context.Context, dir string, pkgs ...string) ([]string, err
 	}
 	return goBuild(ctx, root, dir, pkgs)
 }
+
+// BuildStaticIn is BuildStatic from the Go module at root instead of this
+// repository's checkout: e.g. an earlier commit of it unpacked elsewhere
+// (e2e/skew builds the other side of a version skew so).
+func BuildStaticIn(ctx context.Context, root, dir string, pkgs ...string) ([]string, error) {
+	return goBuild(ctx, root, dir, pkgs)
+}
