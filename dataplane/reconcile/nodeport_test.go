@@ -299,7 +299,7 @@ func TestRestartRemovesNodePortsDroppedMeanwhile(t *testing.T) {
 	nodeInterfaces(mk)
 	r := newReconciler(t, mk, Config{})
 	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), nodePortRes("np", 30080, 0, "198.19.1.9"))))
-	foreign := kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("203.0.113.5"), kernel.ProtocolTCP, 80),
+	foreign := kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("198.19.250.5"), kernel.ProtocolTCP, 80),
 		Scheduler: "rr"}
 	if err := addVS(mk.Kernel(), foreign); err != nil {
 		t.Fatal(err)
@@ -310,7 +310,7 @@ func TestRestartRemovesNodePortsDroppedMeanwhile(t *testing.T) {
 	got := readState(t, mk).Services
 	want := map[string][]string{
 		"tcp/198.18.0.10:80 rr": {"198.19.1.2:8080 w1", "198.19.2.3:8080 w1"},
-		"tcp/203.0.113.5:80 rr": nil,
+		"tcp/198.19.250.5:80 rr": nil,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after the restart the kernel holds %v, want %v", got, want)

@@ -50,8 +50,8 @@ type churn struct {
 var churnZones = []string{"zone-a", "zone-b"}
 
 // node2ExternalIP is the address the node op adds to and removes from
-// node2's status (TEST-NET-3: nothing answers there).
-const node2ExternalIP = "203.0.113.12"
+// node2's status (in the test range, on no interface: no traffic goes there).
+const node2ExternalIP = "198.19.250.12"
 
 // churnLabel marks the churn's Services: its rollouts select them, never the
 // stable ones.

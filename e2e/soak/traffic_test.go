@@ -23,7 +23,7 @@ type loop struct {
 	// seen is the last request number counted; sent, failed and drift the
 	// totals so far; evidence how often the path was logged after a failure.
 	seen, sent, failed, drift, evidence int
-	// check, if set, judges an answer ("pod-a from 10.0.0.1:4242"): what is
+	// check, if set, judges an answer ("pod-a from 198.19.0.1:4242"): what is
 	// wrong with it ("" when right). pinned is the backend ClientIP
 	// affinity holds the client to (checkAffinity).
 	check  func(l *loop, answer string) string
