@@ -188,7 +188,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, kernel: k, Reconciler: rec, log: log, coldStart: cold, healthSync: make(chan struct{}, 1), statusKick: make(chan struct{}, 1)}
 	if cfg.InspectListener != nil {
-		if a.inspect, err = inspect.New(rec, k.IPVS, k.Links); err != nil {
+		if a.inspect, err = inspect.New(rec, inspect.Readers{IPVS: k.IPVS, Links: k.Links, IPSets: k.IPSets, IPTables: k.IPTables}); err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
 	}

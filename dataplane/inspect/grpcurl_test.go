@@ -51,7 +51,7 @@ func TestGrpcurl(t *testing.T) {
 		t.Fatalf("apply: %v", ack.GetErrors())
 	}
 	k := mk.Kernel()
-	s, err := New(r, k.IPVS, k.Links)
+	s, err := New(r, Readers{IPVS: k.IPVS, Links: k.Links, IPSets: k.IPSets, IPTables: k.IPTables})
 	if err != nil {
 		t.Fatal(err)
 	}

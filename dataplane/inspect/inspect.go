@@ -1,10 +1,11 @@
 // Package inspect serves the agent's local, read-only inspection endpoint
 // (vsplane.v1.AgentInspectService): what the kernel holds against what the
-// desired state wants, and the drain list.
+// desired state wants (IPVS, kube-ipvs0 addresses, ipsets, iptables), and
+// the drain list.
 //
 // Read-only by construction: the server only holds the read methods of the
-// kernel interfaces (IPVSReader, LinksReader), so it cannot program the
-// kernel even by mistake. It reads the kernel without the reconciler's lock,
+// kernel interfaces (Readers), so it cannot program the kernel even by
+// mistake. It reads the kernel without the reconciler's lock,
 // so a response taken while a pass is running may show differences that the
 // pass is about to repair.
 package inspect
@@ -18,6 +19,7 @@ import (
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/dataplane/rules"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
@@ -33,6 +35,11 @@ type Source interface {
 	Status() *vsplanev1.AgentStatus
 	// Draining returns the draining real servers.
 	Draining() []reconcile.Drain
+	// DesiredIPSets returns the managed ipsets and their wanted entries.
+	DesiredIPSets() []reconcile.DesiredSet
+	// DesiredRules returns the iptables rules rendered from the desired
+	// state, per family.
+	DesiredRules() []rules.Ruleset
 }
 
 // IPVSReader is the read half of kernel.IPVS.
@@ -47,20 +54,39 @@ type LinksReader interface {
 	LocalAddresses() ([]kernel.InterfaceAddress, error)
 }
 
+// IPSetsReader is the read half of kernel.IPSets.
+type IPSetsReader interface {
+	ListSets() ([]kernel.IPSet, error)
+	ListEntries(name string) ([]kernel.Entry, error)
+}
+
+// IPTablesReader is the read half of kernel.IPTables.
+type IPTablesReader interface {
+	Save(ctx context.Context, family kernel.Family, table kernel.Table) ([]byte, error)
+}
+
+// Readers are the kernel's read methods the server compares with; all are
+// required.
+type Readers struct {
+	IPVS     IPVSReader
+	Links    LinksReader
+	IPSets   IPSetsReader
+	IPTables IPTablesReader
+}
+
 // Server implements vsplanev1.AgentInspectServiceServer.
 type Server struct {
 	vsplanev1.UnimplementedAgentInspectServiceServer
-	src   Source
-	ipvs  IPVSReader
-	links LinksReader
+	src Source
+	k   Readers
 }
 
 // New returns a Server over the desired state src and the kernel readers.
-func New(src Source, ipvs IPVSReader, links LinksReader) (*Server, error) {
-	if src == nil || ipvs == nil || links == nil {
-		return nil, errors.New("inspect: source, IPVS and links readers are required")
+func New(src Source, k Readers) (*Server, error) {
+	if src == nil || k.IPVS == nil || k.Links == nil || k.IPSets == nil || k.IPTables == nil {
+		return nil, errors.New("inspect: source and the IPVS, links, ipsets and iptables readers are required")
 	}
-	return &Server{src: src, ipvs: ipvs, links: links}, nil
+	return &Server{src: src, k: k}, nil
 }
 
 // ListDrains implements AgentInspectService.
@@ -71,7 +97,7 @@ func (s *Server) ListDrains(context.Context, *vsplanev1.ListDrainsRequest) (*vsp
 // GetKernelState implements AgentInspectService. Kernel read errors do not
 // fail the call: they are listed in read_errors and the comparison covers
 // what could be read.
-func (s *Server) GetKernelState(context.Context, *vsplanev1.GetKernelStateRequest) (*vsplanev1.GetKernelStateResponse, error) {
+func (s *Server) GetKernelState(ctx context.Context, _ *vsplanev1.GetKernelStateRequest) (*vsplanev1.GetKernelStateResponse, error) {
 	desiredVS, desiredAddrs := s.src.Desired()
 	st := s.src.Status()
 	resp := &vsplanev1.GetKernelStateResponse{
@@ -88,7 +114,10 @@ func (s *Server) GetKernelState(context.Context, *vsplanev1.GetKernelStateReques
 		drains[d.VirtualServer][d.RealServer] = true
 	}
 	s.compareVirtualServers(resp, desiredVS, drains)
-	s.compareAddresses(resp, desiredAddrs)
+	heldElsewhere := s.heldElsewhere(resp)
+	s.compareAddresses(resp, desiredAddrs, heldElsewhere)
+	s.compareIPSets(resp, s.src.DesiredIPSets(), heldElsewhere)
+	s.compareRules(ctx, resp, s.src.DesiredRules())
 	return resp, nil
 }
 
@@ -99,7 +128,7 @@ func (s *Server) compareVirtualServers(resp *vsplanev1.GetKernelStateResponse, d
 		want[d.VirtualServer.Key.Normalize()] = d
 	}
 	have := map[kernel.VirtualServerKey]kernel.VirtualServer{}
-	list, err := s.ipvs.ListVirtualServers()
+	list, err := s.k.IPVS.ListVirtualServers()
 	if err != nil {
 		resp.ReadErrors = append(resp.ReadErrors, fmt.Sprintf("list IPVS virtual servers: %v", err))
 	}
@@ -132,7 +161,7 @@ func (s *Server) compareVirtualServers(resp *vsplanev1.GetKernelStateResponse, d
 		var kernelDests []kernel.Destination
 		if held {
 			out.Kernel = vsConfig(cur)
-			if kernelDests, err = s.ipvs.ListDestinations(key); err != nil {
+			if kernelDests, err = s.k.IPVS.ListDestinations(key); err != nil {
 				resp.ReadErrors = append(resp.ReadErrors, fmt.Sprintf("list IPVS destinations of %v: %v", key, err))
 			}
 		}
@@ -213,9 +242,9 @@ func compareRealServers(resp *vsplanev1.GetKernelStateResponse, out *vsplanev1.V
 	return differ
 }
 
-func (s *Server) compareAddresses(resp *vsplanev1.GetKernelStateResponse, desired []reconcile.DesiredAddress) {
+func (s *Server) compareAddresses(resp *vsplanev1.GetKernelStateResponse, desired []reconcile.DesiredAddress, heldElsewhere func(netip.Addr) bool) {
 	bound := map[netip.Addr]bool{}
-	list, err := s.links.BoundAddresses(kernel.DummyDevice)
+	list, err := s.k.Links.BoundAddresses(kernel.DummyDevice)
 	switch {
 	case errors.Is(err, kernel.ErrNotFound): // no kube-ipvs0: nothing bound
 	case err != nil:
@@ -224,25 +253,10 @@ func (s *Server) compareAddresses(resp *vsplanev1.GetKernelStateResponse, desire
 	for _, a := range list {
 		bound[a.Unmap()] = true
 	}
-	var elsewhere map[netip.Addr]bool // held by another interface; loaded on demand
 	want := map[netip.Addr]bool{}
 	for _, d := range desired {
-		if d.UnlessLocal {
-			if elsewhere == nil {
-				elsewhere = map[netip.Addr]bool{}
-				local, err := s.links.LocalAddresses()
-				if err != nil {
-					resp.ReadErrors = append(resp.ReadErrors, fmt.Sprintf("list local addresses: %v", err))
-				}
-				for _, ia := range local {
-					if ia.Interface != kernel.DummyDevice {
-						elsewhere[ia.Prefix.Addr().Unmap()] = true
-					}
-				}
-			}
-			if elsewhere[d.Address.Unmap()] {
-				continue
-			}
+		if d.UnlessLocal && heldElsewhere(d.Address) {
+			continue
 		}
 		want[d.Address.Unmap()] = true
 	}
@@ -270,6 +284,29 @@ func (s *Server) compareAddresses(resp *vsplanev1.GetKernelStateResponse, desire
 			resp.Differences++
 		}
 		resp.Addresses = append(resp.Addresses, st)
+	}
+}
+
+// heldElsewhere returns a lookup of whether an interface other than
+// kube-ipvs0 holds an address (an UnlessLocal binding or KUBE-IPVS-IPS
+// entry is then not wanted). The node's addresses are read once, on the
+// first lookup; a read error is listed in resp.
+func (s *Server) heldElsewhere(resp *vsplanev1.GetKernelStateResponse) func(netip.Addr) bool {
+	var elsewhere map[netip.Addr]bool
+	return func(addr netip.Addr) bool {
+		if elsewhere == nil {
+			elsewhere = map[netip.Addr]bool{}
+			local, err := s.k.Links.LocalAddresses()
+			if err != nil {
+				resp.ReadErrors = append(resp.ReadErrors, fmt.Sprintf("list local addresses: %v", err))
+			}
+			for _, ia := range local {
+				if ia.Interface != kernel.DummyDevice {
+					elsewhere[ia.Prefix.Addr().Unmap()] = true
+				}
+			}
+		}
+		return elsewhere[addr.Unmap()]
 	}
 }
 

@@ -68,7 +68,7 @@ func setup(t *testing.T) (*memory.Kernel, *reconcile.Reconciler, vsplanev1.Agent
 func serve(t *testing.T, r *reconcile.Reconciler, mk *memory.Kernel) vsplanev1.AgentInspectServiceClient {
 	t.Helper()
 	k := mk.Kernel()
-	s, err := New(r, k.IPVS, k.Links)
+	s, err := New(r, Readers{IPVS: k.IPVS, Links: k.Links, IPSets: k.IPSets, IPTables: k.IPTables})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestDrains(t *testing.T) {
 	}
 	// A drain is expected, not a difference.
 	if resp.GetDifferences() != 0 || summary(resp)["tcp/198.18.0.10:80"] != "ITEM_STATUS_IN_SYNC" {
-		t.Fatalf("differences = %d, statuses %v", resp.GetDifferences(), summary(resp))
+		t.Fatalf("differences = %d, statuses %v\n%v", resp.GetDifferences(), summary(resp), resp)
 	}
 	requireNoWrites(t, mk)
 }
@@ -279,8 +279,16 @@ func TestFailedAndReadErrors(t *testing.T) {
 }
 
 func TestNewRejectsNil(t *testing.T) {
-	if _, err := New(nil, nil, nil); err == nil {
-		t.Fatal("New(nil, nil, nil) succeeded")
+	if _, err := New(nil, Readers{}); err == nil {
+		t.Fatal("New(nil, Readers{}) succeeded")
+	}
+	k := memory.New().Kernel()
+	r, err := reconcile.New(k, reconcile.Config{}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(r, Readers{IPVS: k.IPVS, Links: k.Links, IPSets: k.IPSets}); err == nil {
+		t.Fatal("New without an iptables reader succeeded")
 	}
 }
 

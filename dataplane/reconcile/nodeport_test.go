@@ -309,7 +309,7 @@ func TestRestartRemovesNodePortsDroppedMeanwhile(t *testing.T) {
 	mustAck(t, apply(t, r2, full(settingsRes(defaultNodeSettings()), svcA.resource())))
 	got := readState(t, mk).Services
 	want := map[string][]string{
-		"tcp/198.18.0.10:80 rr": {"198.19.1.2:8080 w1", "198.19.2.3:8080 w1"},
+		"tcp/198.18.0.10:80 rr":  {"198.19.1.2:8080 w1", "198.19.2.3:8080 w1"},
 		"tcp/198.19.250.5:80 rr": nil,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {

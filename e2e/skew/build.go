@@ -77,13 +77,15 @@ func Build(ctx context.Context, root, commit string) (Binaries, error) {
 }
 
 // ProtocolChanges lists the commits from commit (excluded) to HEAD that
-// change proto/, newest first.
+// change proto/, newest first. The agent's local inspection API
+// (agent_inspect.proto: grpcurl on the node, no other component calls it)
+// is not part of the protocol between agent and control plane.
 func ProtocolChanges(ctx context.Context, root, commit string) ([]string, error) {
 	if err := hasCommit(ctx, root, commit); err != nil {
 		return nil, err
 	}
 	var out bytes.Buffer
-	if err := git(ctx, root, &out, "log", "--format=%H %s", commit+"..HEAD", "--", "proto/"); err != nil {
+	if err := git(ctx, root, &out, "log", "--format=%H %s", commit+"..HEAD", "--", "proto/", ":(exclude)proto/vsplane/v1/agent_inspect*"); err != nil {
 		return nil, err
 	}
 	return strings.FieldsFunc(out.String(), func(r rune) bool { return r == '\n' }), nil

@@ -20,7 +20,8 @@ import (
 // oldCommit is exactly one protocol change behind this checkout: the parent
 // of 70bef4a, the newest commit that changed proto/ (NodeSettings
 // node_pod_cidrs). TestVersionSkew fails once another commit changes
-// proto/, until oldCommit moves forward to that commit's parent.
+// proto/ (but for the agent-local agent_inspect.proto: ProtocolChanges),
+// until oldCommit moves forward to that commit's parent.
 const oldCommit = "d58f1d7d26ff299acabee992addde0ad3d3795b1"
 
 // Bounds of the test's steps (TCG guest on a shared 2-core machine).

@@ -197,7 +197,7 @@ func (r *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "- %s\n", strings.ReplaceAll(v.String(), "\n", " "))
 	}
-	b.WriteString("\n## Faults by kind\n\nConvergence: from the fault's end (process back, outage over, drift written) to every node's kernel equal to its desired state (the agent's GetKernelState: no difference, no failed resource) and every agent connected with nothing unacknowledged.\n\n")
+	b.WriteString("\n## Faults by kind\n\nConvergence: from the fault's end (process back, outage over, drift written) to every node's kernel equal to its desired state (the agent's GetKernelState over IPVS, kube-ipvs0, ipsets and iptables: no difference, no failed resource) and every agent connected with nothing unacknowledged.\n\n")
 	b.WriteString("| kind | count | p50 | p99 | max | not converged |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, k := range Kinds {
 		if st, ok := r.ByKind[k]; ok {

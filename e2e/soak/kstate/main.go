@@ -2,7 +2,8 @@
 // prints, as one JSON line, what the node's agent says of its kernel
 // against its desired state (AgentInspectService.GetKernelState on the
 // agent's loopback inspection address): the number of differences, the
-// items not in sync, failed resources and read errors.
+// items not in sync (virtual servers, addresses, ipsets, iptables chains
+// and jumps), failed resources and read errors.
 package main
 
 import (
@@ -55,5 +56,23 @@ func run(addr string, timeout time.Duration) error {
 			st.NotInSync = append(st.NotInSync, "address "+a.GetAddress()+" "+a.GetStatus().String())
 		}
 	}
+	for _, set := range resp.GetIpsets() {
+		if set.GetStatus() != vsplanev1.ItemStatus_ITEM_STATUS_IN_SYNC {
+			st.NotInSync = append(st.NotInSync, fmt.Sprintf("ipset %s %s missing %q extra %q %s", set.GetName(), set.GetStatus(),
+				set.GetMissingEntries(), set.GetExtraEntries(), set.GetHeaderDiffers()))
+		}
+	}
+	for _, ch := range resp.GetChains() {
+		if ch.GetStatus() != vsplanev1.ItemStatus_ITEM_STATUS_IN_SYNC {
+			st.NotInSync = append(st.NotInSync, fmt.Sprintf("chain %s %s %s %s: %d rules, want %d, missing %q extra %q",
+				ch.GetFamily(), ch.GetTable(), ch.GetChain(), ch.GetStatus(), ch.GetKernelRules(), ch.GetDesiredRules(), ch.GetMissingRules(), ch.GetExtraRules()))
+		}
+	}
+	for _, j := range resp.GetJumps() {
+		if j.GetStatus() != vsplanev1.ItemStatus_ITEM_STATUS_IN_SYNC {
+			st.NotInSync = append(st.NotInSync, fmt.Sprintf("jump %s %s %s %s %s", j.GetFamily(), j.GetTable(), j.GetChain(), j.GetRule(), j.GetStatus()))
+		}
+	}
+	st.IPSets, st.Chains = len(resp.GetIpsets()), len(resp.GetChains())
 	return json.NewEncoder(os.Stdout).Encode(st)
 }

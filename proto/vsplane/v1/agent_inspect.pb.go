@@ -137,9 +137,20 @@ type GetKernelStateResponse struct {
 	// Errors reading the kernel for this response; the comparison may be
 	// incomplete when set.
 	ReadErrors []string `protobuf:"bytes,7,rep,name=read_errors,json=readErrors,proto3" json:"read_errors,omitempty"`
-	// Virtual servers, real servers and addresses not in sync; draining real
-	// servers (extra by design) are not counted.
-	Differences   uint32 `protobuf:"varint,8,opt,name=differences,proto3" json:"differences,omitempty"`
+	// Items not in sync: virtual servers, real servers, addresses, ipset
+	// entries (each missing or extra one) and set headers, chains and jumps.
+	// Draining real servers (extra by design) are not counted.
+	Differences uint32 `protobuf:"varint,8,opt,name=differences,proto3" json:"differences,omitempty"`
+	// Sorted by name: every ipset the agent manages (kube-proxy's, per
+	// family). Entries in sync are counted, not listed.
+	Ipsets []*IPSetState `protobuf:"bytes,9,rep,name=ipsets,proto3" json:"ipsets,omitempty"`
+	// The agent's iptables chains by family, table and declaration order,
+	// compared rule by rule with the rules rendered from the desired state.
+	// Empty for a family nothing was rendered for yet (before the first
+	// Delta) or whose last rendering failed (see failed).
+	Chains []*ChainState `protobuf:"bytes,10,rep,name=chains,proto3" json:"chains,omitempty"`
+	// The rules in built-in chains that lead to the agent's chains.
+	Jumps         []*JumpState `protobuf:"bytes,11,rep,name=jumps,proto3" json:"jumps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -230,6 +241,316 @@ func (x *GetKernelStateResponse) GetDifferences() uint32 {
 	return 0
 }
 
+func (x *GetKernelStateResponse) GetIpsets() []*IPSetState {
+	if x != nil {
+		return x.Ipsets
+	}
+	return nil
+}
+
+func (x *GetKernelStateResponse) GetChains() []*ChainState {
+	if x != nil {
+		return x.Chains
+	}
+	return nil
+}
+
+func (x *GetKernelStateResponse) GetJumps() []*JumpState {
+	if x != nil {
+		return x.Jumps
+	}
+	return nil
+}
+
+// IPSetState is one managed ipset against the desired state.
+type IPSetState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "hash:ip,port", ...
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// MISSING_IN_KERNEL: no such set. DIFFERS: entries missing or extra, or
+	// the set exists with another header (header_differs).
+	Status        ItemStatus `protobuf:"varint,3,opt,name=status,proto3,enum=vsplane.v1.ItemStatus" json:"status,omitempty"`
+	EntriesInSync uint32     `protobuf:"varint,4,opt,name=entries_in_sync,json=entriesInSync,proto3" json:"entries_in_sync,omitempty"`
+	// Desired, absent from the set, sorted; spelled as `ipset list` prints
+	// them ("198.18.0.10,tcp:80").
+	MissingEntries []string `protobuf:"bytes,5,rep,name=missing_entries,json=missingEntries,proto3" json:"missing_entries,omitempty"`
+	// In the set, not desired (the next full reconcile deletes them).
+	ExtraEntries []string `protobuf:"bytes,6,rep,name=extra_entries,json=extraEntries,proto3" json:"extra_entries,omitempty"`
+	// How the set's type, family or maxelem differs from what the agent
+	// creates; empty when they match.
+	HeaderDiffers string `protobuf:"bytes,7,opt,name=header_differs,json=headerDiffers,proto3" json:"header_differs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IPSetState) Reset() {
+	*x = IPSetState{}
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IPSetState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IPSetState) ProtoMessage() {}
+
+func (x *IPSetState) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IPSetState.ProtoReflect.Descriptor instead.
+func (*IPSetState) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *IPSetState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *IPSetState) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *IPSetState) GetStatus() ItemStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ItemStatus_ITEM_STATUS_UNSPECIFIED
+}
+
+func (x *IPSetState) GetEntriesInSync() uint32 {
+	if x != nil {
+		return x.EntriesInSync
+	}
+	return 0
+}
+
+func (x *IPSetState) GetMissingEntries() []string {
+	if x != nil {
+		return x.MissingEntries
+	}
+	return nil
+}
+
+func (x *IPSetState) GetExtraEntries() []string {
+	if x != nil {
+		return x.ExtraEntries
+	}
+	return nil
+}
+
+func (x *IPSetState) GetHeaderDiffers() string {
+	if x != nil {
+		return x.HeaderDiffers
+	}
+	return ""
+}
+
+// ChainState is one of the agent's iptables chains on both sides.
+type ChainState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "inet" or "inet6".
+	Family string `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
+	Table  string `protobuf:"bytes,2,opt,name=table,proto3" json:"table,omitempty"`
+	Chain  string `protobuf:"bytes,3,opt,name=chain,proto3" json:"chain,omitempty"`
+	// MISSING_IN_KERNEL: the chain does not exist. EXTRA_IN_KERNEL: a chain
+	// the rendering leaves out (an optional one, empty) exists. DIFFERS:
+	// other rules, or the same rules in another order.
+	Status       ItemStatus `protobuf:"varint,4,opt,name=status,proto3,enum=vsplane.v1.ItemStatus" json:"status,omitempty"`
+	DesiredRules uint32     `protobuf:"varint,5,opt,name=desired_rules,json=desiredRules,proto3" json:"desired_rules,omitempty"`
+	KernelRules  uint32     `protobuf:"varint,6,opt,name=kernel_rules,json=kernelRules,proto3" json:"kernel_rules,omitempty"`
+	// Desired rules the chain lacks, as iptables-save spells them without
+	// "-A <chain>".
+	MissingRules []string `protobuf:"bytes,7,rep,name=missing_rules,json=missingRules,proto3" json:"missing_rules,omitempty"`
+	// Rules in the chain that are not desired.
+	ExtraRules    []string `protobuf:"bytes,8,rep,name=extra_rules,json=extraRules,proto3" json:"extra_rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChainState) Reset() {
+	*x = ChainState{}
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChainState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChainState) ProtoMessage() {}
+
+func (x *ChainState) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChainState.ProtoReflect.Descriptor instead.
+func (*ChainState) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ChainState) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *ChainState) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *ChainState) GetChain() string {
+	if x != nil {
+		return x.Chain
+	}
+	return ""
+}
+
+func (x *ChainState) GetStatus() ItemStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ItemStatus_ITEM_STATUS_UNSPECIFIED
+}
+
+func (x *ChainState) GetDesiredRules() uint32 {
+	if x != nil {
+		return x.DesiredRules
+	}
+	return 0
+}
+
+func (x *ChainState) GetKernelRules() uint32 {
+	if x != nil {
+		return x.KernelRules
+	}
+	return 0
+}
+
+func (x *ChainState) GetMissingRules() []string {
+	if x != nil {
+		return x.MissingRules
+	}
+	return nil
+}
+
+func (x *ChainState) GetExtraRules() []string {
+	if x != nil {
+		return x.ExtraRules
+	}
+	return nil
+}
+
+// JumpState is one rule in a built-in chain that leads to the agent's
+// chains (e.g. nat PREROUTING -j KUBE-SERVICES).
+type JumpState struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Family string                 `protobuf:"bytes,1,opt,name=family,proto3" json:"family,omitempty"`
+	Table  string                 `protobuf:"bytes,2,opt,name=table,proto3" json:"table,omitempty"`
+	// The built-in chain.
+	Chain string `protobuf:"bytes,3,opt,name=chain,proto3" json:"chain,omitempty"`
+	Rule  string `protobuf:"bytes,4,opt,name=rule,proto3" json:"rule,omitempty"`
+	// IN_SYNC or MISSING_IN_KERNEL.
+	Status        ItemStatus `protobuf:"varint,5,opt,name=status,proto3,enum=vsplane.v1.ItemStatus" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JumpState) Reset() {
+	*x = JumpState{}
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JumpState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JumpState) ProtoMessage() {}
+
+func (x *JumpState) ProtoReflect() protoreflect.Message {
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JumpState.ProtoReflect.Descriptor instead.
+func (*JumpState) Descriptor() ([]byte, []int) {
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *JumpState) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *JumpState) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *JumpState) GetChain() string {
+	if x != nil {
+		return x.Chain
+	}
+	return ""
+}
+
+func (x *JumpState) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *JumpState) GetStatus() ItemStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ItemStatus_ITEM_STATUS_UNSPECIFIED
+}
+
 // VirtualServerConfig is one side (kernel or desired) of a virtual server.
 type VirtualServerConfig struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -244,7 +565,7 @@ type VirtualServerConfig struct {
 
 func (x *VirtualServerConfig) Reset() {
 	*x = VirtualServerConfig{}
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[2]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -256,7 +577,7 @@ func (x *VirtualServerConfig) String() string {
 func (*VirtualServerConfig) ProtoMessage() {}
 
 func (x *VirtualServerConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[2]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -269,7 +590,7 @@ func (x *VirtualServerConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VirtualServerConfig.ProtoReflect.Descriptor instead.
 func (*VirtualServerConfig) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{2}
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *VirtualServerConfig) GetScheduler() string {
@@ -330,7 +651,7 @@ type VirtualServerState struct {
 
 func (x *VirtualServerState) Reset() {
 	*x = VirtualServerState{}
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[3]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +663,7 @@ func (x *VirtualServerState) String() string {
 func (*VirtualServerState) ProtoMessage() {}
 
 func (x *VirtualServerState) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[3]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +676,7 @@ func (x *VirtualServerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VirtualServerState.ProtoReflect.Descriptor instead.
 func (*VirtualServerState) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{3}
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *VirtualServerState) GetKey() string {
@@ -461,7 +782,7 @@ type RealServerState struct {
 
 func (x *RealServerState) Reset() {
 	*x = RealServerState{}
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[4]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +794,7 @@ func (x *RealServerState) String() string {
 func (*RealServerState) ProtoMessage() {}
 
 func (x *RealServerState) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[4]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +807,7 @@ func (x *RealServerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RealServerState.ProtoReflect.Descriptor instead.
 func (*RealServerState) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{4}
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RealServerState) GetAddress() string {
@@ -558,7 +879,7 @@ type AddressState struct {
 
 func (x *AddressState) Reset() {
 	*x = AddressState{}
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[5]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +891,7 @@ func (x *AddressState) String() string {
 func (*AddressState) ProtoMessage() {}
 
 func (x *AddressState) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[5]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +904,7 @@ func (x *AddressState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressState.ProtoReflect.Descriptor instead.
 func (*AddressState) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{5}
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AddressState) GetAddress() string {
@@ -623,7 +944,7 @@ type ListDrainsRequest struct {
 
 func (x *ListDrainsRequest) Reset() {
 	*x = ListDrainsRequest{}
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[6]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +956,7 @@ func (x *ListDrainsRequest) String() string {
 func (*ListDrainsRequest) ProtoMessage() {}
 
 func (x *ListDrainsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[6]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +969,7 @@ func (x *ListDrainsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDrainsRequest.ProtoReflect.Descriptor instead.
 func (*ListDrainsRequest) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{6}
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{9}
 }
 
 // ListDrainsResponse lists draining real servers, sorted by virtual server
@@ -662,7 +983,7 @@ type ListDrainsResponse struct {
 
 func (x *ListDrainsResponse) Reset() {
 	*x = ListDrainsResponse{}
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[7]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +995,7 @@ func (x *ListDrainsResponse) String() string {
 func (*ListDrainsResponse) ProtoMessage() {}
 
 func (x *ListDrainsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[7]
+	mi := &file_vsplane_v1_agent_inspect_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1008,7 @@ func (x *ListDrainsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDrainsResponse.ProtoReflect.Descriptor instead.
 func (*ListDrainsResponse) Descriptor() ([]byte, []int) {
-	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{7}
+	return file_vsplane_v1_agent_inspect_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListDrainsResponse) GetDraining() []*DrainingRealServer {
@@ -703,7 +1024,7 @@ const file_vsplane_v1_agent_inspect_proto_rawDesc = "" +
 	"\n" +
 	"\x1evsplane/v1/agent_inspect.proto\x12\n" +
 	"vsplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16vsplane/v1/agent.proto\"\x17\n" +
-	"\x15GetKernelStateRequest\"\xdb\x04\n" +
+	"\x15GetKernelStateRequest\"\xe8\x05\n" +
 	"\x16GetKernelStateResponse\x12G\n" +
 	"\x0fvirtual_servers\x18\x01 \x03(\v2\x1e.vsplane.v1.VirtualServerStateR\x0evirtualServers\x126\n" +
 	"\taddresses\x18\x02 \x03(\v2\x18.vsplane.v1.AddressStateR\taddresses\x12L\n" +
@@ -713,13 +1034,43 @@ const file_vsplane_v1_agent_inspect_proto_rawDesc = "" +
 	"\rkernel_errors\x18\x06 \x03(\tR\fkernelErrors\x12\x1f\n" +
 	"\vread_errors\x18\a \x03(\tR\n" +
 	"readErrors\x12 \n" +
-	"\vdifferences\x18\b \x01(\rR\vdifferences\x1a;\n" +
+	"\vdifferences\x18\b \x01(\rR\vdifferences\x12.\n" +
+	"\x06ipsets\x18\t \x03(\v2\x16.vsplane.v1.IPSetStateR\x06ipsets\x12.\n" +
+	"\x06chains\x18\n" +
+	" \x03(\v2\x16.vsplane.v1.ChainStateR\x06chains\x12+\n" +
+	"\x05jumps\x18\v \x03(\v2\x15.vsplane.v1.JumpStateR\x05jumps\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x02\n" +
+	"\n" +
+	"IPSetState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12.\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x16.vsplane.v1.ItemStatusR\x06status\x12&\n" +
+	"\x0fentries_in_sync\x18\x04 \x01(\rR\rentriesInSync\x12'\n" +
+	"\x0fmissing_entries\x18\x05 \x03(\tR\x0emissingEntries\x12#\n" +
+	"\rextra_entries\x18\x06 \x03(\tR\fextraEntries\x12%\n" +
+	"\x0eheader_differs\x18\a \x01(\tR\rheaderDiffers\"\x8e\x02\n" +
+	"\n" +
+	"ChainState\x12\x16\n" +
+	"\x06family\x18\x01 \x01(\tR\x06family\x12\x14\n" +
+	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +
+	"\x05chain\x18\x03 \x01(\tR\x05chain\x12.\n" +
+	"\x06status\x18\x04 \x01(\x0e2\x16.vsplane.v1.ItemStatusR\x06status\x12#\n" +
+	"\rdesired_rules\x18\x05 \x01(\rR\fdesiredRules\x12!\n" +
+	"\fkernel_rules\x18\x06 \x01(\rR\vkernelRules\x12#\n" +
+	"\rmissing_rules\x18\a \x03(\tR\fmissingRules\x12\x1f\n" +
+	"\vextra_rules\x18\b \x03(\tR\n" +
+	"extraRules\"\x93\x01\n" +
+	"\tJumpState\x12\x16\n" +
+	"\x06family\x18\x01 \x01(\tR\x06family\x12\x14\n" +
+	"\x05table\x18\x02 \x01(\tR\x05table\x12\x14\n" +
+	"\x05chain\x18\x03 \x01(\tR\x05chain\x12\x12\n" +
+	"\x04rule\x18\x04 \x01(\tR\x04rule\x12.\n" +
+	"\x06status\x18\x05 \x01(\x0e2\x16.vsplane.v1.ItemStatusR\x06status\"\xa3\x01\n" +
 	"\x13VirtualServerConfig\x12\x1c\n" +
 	"\tscheduler\x18\x01 \x01(\tR\tscheduler\x12\x14\n" +
 	"\x05flags\x18\x02 \x03(\tR\x05flags\x12>\n" +
@@ -781,44 +1132,53 @@ func file_vsplane_v1_agent_inspect_proto_rawDescGZIP() []byte {
 }
 
 var file_vsplane_v1_agent_inspect_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_vsplane_v1_agent_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_vsplane_v1_agent_inspect_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_vsplane_v1_agent_inspect_proto_goTypes = []any{
 	(ItemStatus)(0),                // 0: vsplane.v1.ItemStatus
 	(*GetKernelStateRequest)(nil),  // 1: vsplane.v1.GetKernelStateRequest
 	(*GetKernelStateResponse)(nil), // 2: vsplane.v1.GetKernelStateResponse
-	(*VirtualServerConfig)(nil),    // 3: vsplane.v1.VirtualServerConfig
-	(*VirtualServerState)(nil),     // 4: vsplane.v1.VirtualServerState
-	(*RealServerState)(nil),        // 5: vsplane.v1.RealServerState
-	(*AddressState)(nil),           // 6: vsplane.v1.AddressState
-	(*ListDrainsRequest)(nil),      // 7: vsplane.v1.ListDrainsRequest
-	(*ListDrainsResponse)(nil),     // 8: vsplane.v1.ListDrainsResponse
-	nil,                            // 9: vsplane.v1.GetKernelStateResponse.VersionsEntry
-	nil,                            // 10: vsplane.v1.GetKernelStateResponse.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 11: google.protobuf.Timestamp
-	(*DrainingRealServer)(nil),     // 12: vsplane.v1.DrainingRealServer
+	(*IPSetState)(nil),             // 3: vsplane.v1.IPSetState
+	(*ChainState)(nil),             // 4: vsplane.v1.ChainState
+	(*JumpState)(nil),              // 5: vsplane.v1.JumpState
+	(*VirtualServerConfig)(nil),    // 6: vsplane.v1.VirtualServerConfig
+	(*VirtualServerState)(nil),     // 7: vsplane.v1.VirtualServerState
+	(*RealServerState)(nil),        // 8: vsplane.v1.RealServerState
+	(*AddressState)(nil),           // 9: vsplane.v1.AddressState
+	(*ListDrainsRequest)(nil),      // 10: vsplane.v1.ListDrainsRequest
+	(*ListDrainsResponse)(nil),     // 11: vsplane.v1.ListDrainsResponse
+	nil,                            // 12: vsplane.v1.GetKernelStateResponse.VersionsEntry
+	nil,                            // 13: vsplane.v1.GetKernelStateResponse.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 14: google.protobuf.Timestamp
+	(*DrainingRealServer)(nil),     // 15: vsplane.v1.DrainingRealServer
 }
 var file_vsplane_v1_agent_inspect_proto_depIdxs = []int32{
-	4,  // 0: vsplane.v1.GetKernelStateResponse.virtual_servers:type_name -> vsplane.v1.VirtualServerState
-	6,  // 1: vsplane.v1.GetKernelStateResponse.addresses:type_name -> vsplane.v1.AddressState
-	9,  // 2: vsplane.v1.GetKernelStateResponse.versions:type_name -> vsplane.v1.GetKernelStateResponse.VersionsEntry
-	10, // 3: vsplane.v1.GetKernelStateResponse.failed:type_name -> vsplane.v1.GetKernelStateResponse.FailedEntry
-	11, // 4: vsplane.v1.GetKernelStateResponse.last_full_reconcile:type_name -> google.protobuf.Timestamp
-	0,  // 5: vsplane.v1.VirtualServerState.status:type_name -> vsplane.v1.ItemStatus
-	3,  // 6: vsplane.v1.VirtualServerState.kernel:type_name -> vsplane.v1.VirtualServerConfig
-	3,  // 7: vsplane.v1.VirtualServerState.desired:type_name -> vsplane.v1.VirtualServerConfig
-	5,  // 8: vsplane.v1.VirtualServerState.real_servers:type_name -> vsplane.v1.RealServerState
-	0,  // 9: vsplane.v1.RealServerState.status:type_name -> vsplane.v1.ItemStatus
-	0,  // 10: vsplane.v1.AddressState.status:type_name -> vsplane.v1.ItemStatus
-	12, // 11: vsplane.v1.ListDrainsResponse.draining:type_name -> vsplane.v1.DrainingRealServer
-	1,  // 12: vsplane.v1.AgentInspectService.GetKernelState:input_type -> vsplane.v1.GetKernelStateRequest
-	7,  // 13: vsplane.v1.AgentInspectService.ListDrains:input_type -> vsplane.v1.ListDrainsRequest
-	2,  // 14: vsplane.v1.AgentInspectService.GetKernelState:output_type -> vsplane.v1.GetKernelStateResponse
-	8,  // 15: vsplane.v1.AgentInspectService.ListDrains:output_type -> vsplane.v1.ListDrainsResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	7,  // 0: vsplane.v1.GetKernelStateResponse.virtual_servers:type_name -> vsplane.v1.VirtualServerState
+	9,  // 1: vsplane.v1.GetKernelStateResponse.addresses:type_name -> vsplane.v1.AddressState
+	12, // 2: vsplane.v1.GetKernelStateResponse.versions:type_name -> vsplane.v1.GetKernelStateResponse.VersionsEntry
+	13, // 3: vsplane.v1.GetKernelStateResponse.failed:type_name -> vsplane.v1.GetKernelStateResponse.FailedEntry
+	14, // 4: vsplane.v1.GetKernelStateResponse.last_full_reconcile:type_name -> google.protobuf.Timestamp
+	3,  // 5: vsplane.v1.GetKernelStateResponse.ipsets:type_name -> vsplane.v1.IPSetState
+	4,  // 6: vsplane.v1.GetKernelStateResponse.chains:type_name -> vsplane.v1.ChainState
+	5,  // 7: vsplane.v1.GetKernelStateResponse.jumps:type_name -> vsplane.v1.JumpState
+	0,  // 8: vsplane.v1.IPSetState.status:type_name -> vsplane.v1.ItemStatus
+	0,  // 9: vsplane.v1.ChainState.status:type_name -> vsplane.v1.ItemStatus
+	0,  // 10: vsplane.v1.JumpState.status:type_name -> vsplane.v1.ItemStatus
+	0,  // 11: vsplane.v1.VirtualServerState.status:type_name -> vsplane.v1.ItemStatus
+	6,  // 12: vsplane.v1.VirtualServerState.kernel:type_name -> vsplane.v1.VirtualServerConfig
+	6,  // 13: vsplane.v1.VirtualServerState.desired:type_name -> vsplane.v1.VirtualServerConfig
+	8,  // 14: vsplane.v1.VirtualServerState.real_servers:type_name -> vsplane.v1.RealServerState
+	0,  // 15: vsplane.v1.RealServerState.status:type_name -> vsplane.v1.ItemStatus
+	0,  // 16: vsplane.v1.AddressState.status:type_name -> vsplane.v1.ItemStatus
+	15, // 17: vsplane.v1.ListDrainsResponse.draining:type_name -> vsplane.v1.DrainingRealServer
+	1,  // 18: vsplane.v1.AgentInspectService.GetKernelState:input_type -> vsplane.v1.GetKernelStateRequest
+	10, // 19: vsplane.v1.AgentInspectService.ListDrains:input_type -> vsplane.v1.ListDrainsRequest
+	2,  // 20: vsplane.v1.AgentInspectService.GetKernelState:output_type -> vsplane.v1.GetKernelStateResponse
+	11, // 21: vsplane.v1.AgentInspectService.ListDrains:output_type -> vsplane.v1.ListDrainsResponse
+	20, // [20:22] is the sub-list for method output_type
+	18, // [18:20] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_vsplane_v1_agent_inspect_proto_init() }
@@ -833,7 +1193,7 @@ func file_vsplane_v1_agent_inspect_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vsplane_v1_agent_inspect_proto_rawDesc), len(file_vsplane_v1_agent_inspect_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

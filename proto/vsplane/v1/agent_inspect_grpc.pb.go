@@ -31,8 +31,9 @@ const (
 // Unix socket, meant for grpcurl): what the kernel holds against what the
 // desired state wants, and the drains. Nothing here writes to the kernel.
 type AgentInspectServiceClient interface {
-	// GetKernelState compares the kernel's IPVS table and the addresses on
-	// kube-ipvs0 with the desired state, item by item.
+	// GetKernelState compares the kernel's IPVS table, the addresses on
+	// kube-ipvs0, the managed ipsets and the agent's iptables chains with the
+	// desired state, item by item.
 	GetKernelState(ctx context.Context, in *GetKernelStateRequest, opts ...grpc.CallOption) (*GetKernelStateResponse, error)
 	// ListDrains lists the real servers kept at weight 0 while they have
 	// connections.
@@ -75,8 +76,9 @@ func (c *agentInspectServiceClient) ListDrains(ctx context.Context, in *ListDrai
 // Unix socket, meant for grpcurl): what the kernel holds against what the
 // desired state wants, and the drains. Nothing here writes to the kernel.
 type AgentInspectServiceServer interface {
-	// GetKernelState compares the kernel's IPVS table and the addresses on
-	// kube-ipvs0 with the desired state, item by item.
+	// GetKernelState compares the kernel's IPVS table, the addresses on
+	// kube-ipvs0, the managed ipsets and the agent's iptables chains with the
+	// desired state, item by item.
 	GetKernelState(context.Context, *GetKernelStateRequest) (*GetKernelStateResponse, error)
 	// ListDrains lists the real servers kept at weight 0 while they have
 	// connections.
