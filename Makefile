@@ -138,7 +138,7 @@ fuzz:
 ## soak: the chaos soak (issue 28) in the VM test bed: two nodes, three control-plane replicas,
 ## request loops to stable Services, churn of other Services, faults from a seeded schedule;
 ## DURATION of faults (30m), SEED (fresh, printed, if empty; the same seed replays the same
-## schedule); writes bench/results/soak-DATE.{json,md}. CI runs a short one with a fixed seed
+## schedule); writes bench/results/soak-DATE.{json,md,png}. CI runs a short one with a fixed seed
 ## (make test; report in _out/soak/).
 # (no global DURATION default: demo reads DURATION too)
 soak: vm-deps kube

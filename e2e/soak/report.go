@@ -30,6 +30,8 @@ type Report struct {
 	Memory      []MemorySeries     `json:"memory"`
 	Violations  []Violation        `json:"violations"`
 	ByKind      map[Kind]KindStats `json:"by_kind"`
+	// Plot is the memory plot's file name beside the report (WritePlot).
+	Plot string `json:"plot,omitempty"`
 }
 
 // FaultResult is one fault as run.
@@ -214,6 +216,9 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "| (failed writes) | %d |\n", r.ChurnErrors)
 	b.WriteString("\n## Memory and goroutines\n\nSlopes over the second half of each process's last run (a restarted process starts a new run).\n\n")
+	if r.Plot != "" {
+		fmt.Fprintf(&b, "![RSS and goroutines of every process over the run](%s)\n\n", r.Plot)
+	}
 	b.WriteString("| process | samples | first RSS | last RSS | RSS slope | goroutines first/last | goroutine slope | over |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range r.Memory {
 		if len(m.Samples) == 0 {

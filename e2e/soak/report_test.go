@@ -1,7 +1,9 @@
 package soak
 
 import (
+	"bytes"
 	"math"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +67,33 @@ func TestReportAggregateAndMarkdown(t *testing.T) {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
+	}
+}
+
+// TestPlot: a restart breaks a process's line (runs), and the plot is a
+// PNG the Markdown links to.
+func TestPlot(t *testing.T) {
+	s := func(min int, start float64) MemorySample {
+		return MemorySample{At: time.Duration(min) * time.Minute, RSS: int64(20+min) << 20, Goroutines: 30 + min, Start: start}
+	}
+	samples := []MemorySample{s(0, 1), s(1, 1), s(2, 5), s(3, 5), s(4, 5)}
+	if got := runs(samples); len(got) != 2 || len(got[0]) != 2 || len(got[1]) != 3 {
+		t.Fatalf("runs = %v, want the 2 samples before the restart and the 3 after", got)
+	}
+	if got := runs(nil); len(got) != 0 {
+		t.Fatalf("runs(nil) = %v", got)
+	}
+	r := &Report{Seed: 7, Duration: 5 * time.Minute, Plot: "soak-x.png",
+		Memory: []MemorySeries{{Name: "agent node1", Samples: samples}, {Name: "replica 0", Samples: samples[:1]}}}
+	path := t.TempDir() + "/soak-x.png"
+	if err := r.WritePlot(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Fatalf("plot: %d bytes, %v", len(b), err)
+	}
+	if !strings.Contains(r.Markdown(), "](soak-x.png)") {
+		t.Fatal("the Markdown does not link the plot")
 	}
 }

@@ -279,10 +279,14 @@ func TestSoak(t *testing.T) {
 		reportDir = filepath.Join(root, reportDir)
 	}
 	name := "soak-" + rep.Date
+	rep.Plot = name + ".png"
 	if err := measure.WriteReport(reportDir, name, rep, rep.Markdown()); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("report: %s.{json,md}\n%s", filepath.Join(reportDir, name), rep.Markdown())
+	if err := rep.WritePlot(filepath.Join(reportDir, rep.Plot)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report: %s.{json,md,png}\n%s", filepath.Join(reportDir, name), rep.Markdown())
 	mem.check(t, rep.Memory)
 }
 
