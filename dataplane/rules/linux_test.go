@@ -6,48 +6,23 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/linux"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	"github.com/vsplane/vsplane/internal/netnstest"
 )
 
 // The real-iptables test changes the kernel, so the test binary re-executes
 // itself in a fresh network namespace and that test only runs there. Not
 // getting one fails the test (never a skip); the pure tests run either way.
-const netnsEnv = "VSPLANE_RULES_TEST_IN_NETNS"
-
 var netnsErr error
 
 func TestMain(m *testing.M) {
-	if os.Getenv(netnsEnv) == "1" {
-		os.Exit(m.Run())
-	}
-	if os.Geteuid() != 0 {
-		netnsErr = errors.New("needs root to create a private network namespace; run `go test` as root")
-		os.Exit(m.Run())
-	}
-	self, err := os.Executable()
-	if err == nil {
-		cmd := exec.Command(self, os.Args[1:]...)
-		cmd.Env = append(os.Environ(), netnsEnv+"=1")
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-		err = cmd.Run()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			os.Exit(0)
-		case errors.As(err, &ee) && ee.Exited():
-			os.Exit(ee.ExitCode())
-		}
-	}
-	netnsErr = fmt.Errorf("re-exec in a new network namespace: %w", err)
+	netnsErr = netnstest.Reexec("VSPLANE_RULES_TEST_IN_NETNS")
 	os.Exit(m.Run())
 }
 
