@@ -140,17 +140,27 @@ func checkLocal(pod, client string) func(*loop, string) string {
 }
 
 // logPath logs what the path's node holds for it right after a failed
-// request: the nat rules that steer it, its IPVS virtual server and
-// connections, its conntrack entries.
+// request: the nat rules that steer it, its IPVS virtual server, and on
+// every node the client's connections that did not finish (IPVS entries
+// not in TIME_WAIT/CLOSE, conntrack entries UNREPLIED or still opening).
+// A failed attempt's entries live 60-120 s, so they are still there when
+// the failure is seen; their reply tuples say whether the node
+// masqueraded the flow and which real server IPVS picked.
 func (r *run) logPath(l *loop) {
 	_, port, _ := strings.Cut(l.addr, ":")
 	ctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
 	defer cancel()
 	out, err := r.c.RunInNode(ctx, l.node, fmt.Sprintf(
 		"iptables -t nat -S KUBE-SERVICES; iptables -t nat -S KUBE-NODE-PORT 2>&1; iptables -t nat -S KUBE-POSTROUTING; "+
-			"ipvsadm -Ln -t %[1]s 2>&1; ipvsadm -Lnc 2>&1 | grep ':%[2]s ' | tail -20; "+
-			"conntrack -L -p %[3]s --dport %[2]s 2>/dev/null | tail -20", l.addr, port, l.proto))
+			"ipvsadm -Ln -t %[1]s 2>&1", l.addr))
 	r.t.Logf("%s after a failed request to %s:\n%s%v", l.node, l.addr, out, err)
+	for _, node := range []string{"node1", "node2"} {
+		out, err := r.c.RunInNode(ctx, node, fmt.Sprintf(
+			"echo '# ipvsadm -Lnc (unfinished)'; ipvsadm -Lnc 2>&1 | grep -v -e TIME_WAIT -e CLOSE -e FIN_WAIT | grep -e ':%[2]s ' -e NONE | head -30; "+
+				"echo '# conntrack from %[1]s (unfinished)'; conntrack -L -p %[3]s -s %[1]s 2>/dev/null | grep -v -e TIME_WAIT -e CLOSE -e ESTABLISHED | head -30",
+			r.c.Client.IP, port, l.proto))
+		r.t.Logf("%s, the client's unfinished flows after a failed request to %s:\n%s%v", node, l.addr, out, err)
+	}
 }
 
 // pollLoops counts the loops' new lines every 2 s until ctx ends.
