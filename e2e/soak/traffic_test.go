@@ -141,11 +141,14 @@ func checkLocal(pod, client string) func(*loop, string) string {
 
 // logPath logs what the path's node holds for it right after a failed
 // request: the nat rules that steer it, its IPVS virtual server, and on
-// every node the client's connections that did not finish (IPVS entries
-// not in TIME_WAIT/CLOSE, conntrack entries UNREPLIED or still opening).
-// A failed attempt's entries live 60-120 s, so they are still there when
-// the failure is seen; their reply tuples say whether the node
-// masqueraded the flow and which real server IPVS picked.
+// every node the client's flows of the path's protocol that did not end
+// normally: IPVS entries and conntrack entries neither established nor in
+// TIME_WAIT. A failed attempt's entries live 10-120 s, so they are still
+// there when the failure is seen: SYN_SENT/SYN_RECV or UNREPLIED means a
+// packet was lost (the reply tuple says whether the node masqueraded the
+// flow and which real server IPVS picked); CLOSE means the answer came
+// after the client gave up (its kernel reset the late SYN-ACK): slow, not
+// lost.
 func (r *run) logPath(l *loop) {
 	_, port, _ := strings.Cut(l.addr, ":")
 	ctx, cancel := context.WithTimeout(r.ctx, 20*time.Second)
@@ -156,10 +159,10 @@ func (r *run) logPath(l *loop) {
 	r.t.Logf("%s after a failed request to %s:\n%s%v", l.node, l.addr, out, err)
 	for _, node := range []string{"node1", "node2"} {
 		out, err := r.c.RunInNode(ctx, node, fmt.Sprintf(
-			"echo '# ipvsadm -Lnc (unfinished)'; ipvsadm -Lnc 2>&1 | grep -v -e TIME_WAIT -e CLOSE -e FIN_WAIT | grep -e ':%[2]s ' -e NONE | head -30; "+
-				"echo '# conntrack from %[1]s (unfinished)'; conntrack -L -p %[3]s -s %[1]s 2>/dev/null | grep -v -e TIME_WAIT -e CLOSE -e ESTABLISHED | head -30",
+			"echo '# ipvsadm -Lnc (not ended normally)'; ipvsadm -Lnc 2>&1 | grep -i '^%[3]s ' | grep ':%[2]s ' | grep -v -e TIME_WAIT -e FIN_WAIT -e ESTABLISHED | head -30; "+
+				"echo '# conntrack from %[1]s (not ended normally)'; conntrack -L -p %[3]s -s %[1]s 2>/dev/null | grep -v -e TIME_WAIT -e ESTABLISHED | head -30",
 			r.c.Client.IP, port, l.proto))
-		r.t.Logf("%s, the client's unfinished flows after a failed request to %s:\n%s%v", node, l.addr, out, err)
+		r.t.Logf("%s, the client's flows not ended normally after a failed request to %s:\n%s%v", node, l.addr, out, err)
 	}
 }
 
