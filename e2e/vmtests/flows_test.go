@@ -39,10 +39,14 @@ const (
 	// phase's first attempt (labelled once the apiserver took the change).
 	// A re-created Service gets flowRecoveryNew: its own programming (new
 	// virtual servers, addresses, ipset entries, then the endpoints) counts
-	// too; 1.2-1.4 s measured, where without the stale-entry sweep the
-	// flows stay stuck for as long as they send.
-	flowRecovery    = time.Second
-	flowRecoveryNew = 3 * time.Second
+	// too. Measured on a quiet host: under 1 s, and 1.2-1.4 s re-created;
+	// beside one CPU burner on the 2-core host: 1.9 s and 3.0 s. Without the
+	// stale-entry sweep the flows stay stuck for as long as they send, and
+	// one left to the next full reconcile (30 s period here) would wait
+	// 0-30 s: the bounds tell those apart with room for a busy host, and
+	// the report gives the measured times.
+	flowRecovery    = 3 * time.Second
+	flowRecoveryNew = 6 * time.Second
 	// flowSettle bounds how long a phase waits for every flow to settle
 	// (kube-proxy's sync takes seconds under TCG; a stuck flow never does).
 	flowSettle = 45 * time.Second
