@@ -157,12 +157,12 @@ func (r *run) logPath(l *loop) {
 		"iptables -t nat -S KUBE-SERVICES; iptables -t nat -S KUBE-NODE-PORT 2>&1; iptables -t nat -S KUBE-POSTROUTING; "+
 			"ipvsadm -Ln -t %[1]s 2>&1", l.addr))
 	r.t.Logf("%s after a failed request to %s:\n%s%v", l.node, l.addr, out, err)
-	for _, node := range []string{"node1", "node2"} {
-		out, err := r.c.RunInNode(ctx, node, fmt.Sprintf(
+	for _, n := range r.c.Nodes {
+		out, err := r.c.RunInNode(ctx, n.Name, fmt.Sprintf(
 			"echo '# ipvsadm -Lnc (not ended normally)'; ipvsadm -Lnc 2>&1 | grep -i '^%[3]s ' | grep ':%[2]s ' | grep -v -e TIME_WAIT -e FIN_WAIT -e ESTABLISHED | head -30; "+
 				"echo '# conntrack from %[1]s (not ended normally)'; conntrack -L -p %[3]s -s %[1]s 2>/dev/null | grep -v -e TIME_WAIT -e ESTABLISHED | head -30",
 			r.c.Client.IP, port, l.proto))
-		r.t.Logf("%s, the client's flows not ended normally after a failed request to %s:\n%s%v", node, l.addr, out, err)
+		r.t.Logf("%s, the client's flows not ended normally after a failed request to %s:\n%s%v", n.Name, l.addr, out, err)
 	}
 }
 
