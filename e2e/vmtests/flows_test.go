@@ -40,13 +40,16 @@ const (
 	// A re-created Service gets flowRecoveryNew: its own programming (new
 	// virtual servers, addresses, ipset entries, then the endpoints) counts
 	// too. Measured on a quiet host: under 1 s, and 1.2-1.4 s re-created;
-	// beside one CPU burner on the 2-core host: 1.9 s and 3.0 s. Without the
+	// beside one CPU burner on the 2-core host: 1.9 s and 3.0 s; beside two:
+	// 3.4-3.7 s for every flow of one endpoint change at once (the change
+	// reaching the agent, not the flows) and 2.3 s re-created. Without the
 	// stale-entry sweep the flows stay stuck for as long as they send, and
 	// one left to the next full reconcile (30 s period here) would wait
-	// 0-30 s: the bounds tell those apart with room for a busy host, and
-	// the report gives the measured times.
-	flowRecovery    = 3 * time.Second
-	flowRecoveryNew = 6 * time.Second
+	// 0-30 s, over 6 s in 4 phases of 5 and over many flows and phases: the
+	// bounds tell those apart with room for a busy host, and the report
+	// gives the measured times.
+	flowRecovery    = 6 * time.Second
+	flowRecoveryNew = 10 * time.Second
 	// flowSettle bounds how long a phase waits for every flow to settle
 	// (kube-proxy's sync takes seconds under TCG; a stuck flow never does).
 	flowSettle = 45 * time.Second
