@@ -3,6 +3,7 @@ package vmtests
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +24,7 @@ import (
 	"github.com/vsplane/vsplane/e2e/cluster"
 	"github.com/vsplane/vsplane/e2e/vm"
 	"github.com/vsplane/vsplane/e2e/vm/flowlog"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // The flow matrix's Service: UDP and SCTP on port 53, fixed NodePorts so
@@ -35,21 +39,23 @@ const (
 	// both proxies.
 	flowInterval = "100ms"
 	flowTimeout  = "300ms"
-	// flowRecovery is the bound on a vsplane flow's recovery, from the
-	// phase's first attempt (labelled once the apiserver took the change).
-	// A re-created Service gets flowRecoveryNew: its own programming (new
-	// virtual servers, addresses, ipset entries, then the endpoints) counts
-	// too. Measured on a quiet host: under 1 s, and 1.2-1.4 s re-created;
-	// beside one CPU burner on the 2-core host: 1.9 s and 3.0 s; beside two:
-	// 3.4-3.7 s for every flow of one endpoint change at once (the change
-	// reaching the agent, not the flows) and 2.3 s re-created. Without the
-	// stale-entry sweep the flows stay stuck for as long as they send, and
-	// one left to the next full reconcile (30 s period here) would wait
-	// 0-30 s, over 6 s in 4 phases of 5 and over many flows and phases: the
-	// bounds tell those apart with room for a busy host, and the report
-	// gives the measured times.
-	flowRecovery    = 6 * time.Second
-	flowRecoveryNew = 10 * time.Second
+	// flowRecovery bounds a vsplane flow's recovery after the agent
+	// applied the phase's change: from the phase's first attempt (labelled
+	// once the apiserver took the change) to the first answer from an
+	// expected backend, less the time the change took to reach the node's
+	// agent and be acknowledged (the phase's "applied" time, read from the
+	// control plane's ExplainService on the host's clock). The propagation
+	// itself is the control plane's and agent's speed, measured by the
+	// latency benchmarks; under two CPU burners on the 2-core host it
+	// reached 3.4-3.7 s for one endpoint change and 17-18 s for the
+	// re-created Service, so an end-to-end bound failed CI beside load
+	// while telling nothing about the flows. What this test is about comes
+	// after the ack: the agent's sweep of stale conntrack entries runs with
+	// the apply, so a flow answers again at its next attempt (100 ms apart,
+	// 300 ms timeout). Without the sweep a UDP flow stays stuck for as long
+	// as it sends and an SCTP flow waits out conntrack's timeouts; one left
+	// to the next full reconcile (30 s period here) waits 0-30 s.
+	flowRecovery = 3 * time.Second
 	// flowSettle bounds how long a phase waits for every flow to settle
 	// (kube-proxy's sync takes seconds under TCG; a stuck flow never does).
 	flowSettle = 45 * time.Second
@@ -81,9 +87,16 @@ type flowPhase struct {
 	name     string
 	expected []string
 	judged   bool
-	bound    time.Duration // vsplane flows' recovery bound (default flowRecovery)
 	write    func(t *testing.T)
 	act      func(t *testing.T)
+	// serves: the pods the agent's node programs (weight > 0) once it has
+	// applied a write; gone: the write deletes the Service.
+	serves []string
+	gone   bool
+	// applied is how long after the phase began the agent's node
+	// acknowledged its change (the write's Service version, or the act's
+	// restarted agents), measured by the run.
+	applied time.Duration
 }
 
 // TestVMFlowsAcrossChanges keeps 16 UDP and SCTP flows going, each from one
@@ -97,8 +110,8 @@ type flowPhase struct {
 // then gone), the Service deleted and re-created on the same IP and
 // NodePorts, both proxies restarted mid-flow, and node1 migrated from
 // kube-proxy to vsplane with kube-proxy's entries in place. Every vsplane flow, UDP and SCTP,
-// must answer from the expected backend within flowRecovery of each change
-// (flowRecoveryNew for the re-created Service), which needs the agent's
+// must answer from the expected backend within flowRecovery of the agent
+// applying each change (its ack, read from the control plane), which needs the agent's
 // sweep of stale conntrack entries (dataplane/reconcile/staleflows.go):
 // without it the flows of a re-created Service stay stuck (UDP) or wait
 // out conntrack's SCTP timeouts. kube-proxy's flows are reported beside
@@ -196,23 +209,24 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 
 	phases := []flowPhase{
 		{name: "steady", expected: []string{"pod-x"}},
-		{name: "replaced", expected: []string{"pod-y"}, judged: true, write: func(t *testing.T) { m.slice(t, "pod-y") }},
-		{name: "none", write: func(t *testing.T) { m.slice(t) }},
-		{name: "first", expected: []string{"pod-x"}, judged: true, write: func(t *testing.T) { m.slice(t, "pod-x") }},
+		{name: "replaced", expected: []string{"pod-y"}, judged: true, serves: []string{"pod-y"}, write: func(t *testing.T) { m.slice(t, "pod-y") }},
+		{name: "none", serves: []string{}, write: func(t *testing.T) { m.slice(t) }},
+		{name: "first", expected: []string{"pod-x"}, judged: true, serves: []string{"pod-x"}, write: func(t *testing.T) { m.slice(t, "pod-x") }},
 		// A Pod deleted while another serves, as upstream's Conntrack
 		// "server pod cycles" specs do it: the deleted one's endpoint
 		// turns serving and terminating, then goes. Either may answer
 		// meanwhile (both proxies delete UDP and SCTP real servers at
 		// once, so flows move when a proxy applies it); once it is gone
-		// only pod-y, within the bound.
-		{name: "terminating", expected: []string{"pod-x", "pod-y"}, judged: true, write: func(t *testing.T) {
+		// only pod-y, within the bound. The agent's node programs pod-y
+		// alone (a terminating endpoint only when no other serves).
+		{name: "terminating", expected: []string{"pod-x", "pod-y"}, judged: true, serves: []string{"pod-y"}, write: func(t *testing.T) {
 			x := m.endpoint(t, "pod-x")
 			x.NotReady, x.Terminating = true, true
 			m.sliceOf(t, x, m.endpoint(t, "pod-y"))
 		}},
-		{name: "cycled", expected: []string{"pod-y"}, judged: true, write: func(t *testing.T) { m.slice(t, "pod-y") }},
-		{name: "deleted", write: func(t *testing.T) { m.deleteService(t) }},
-		{name: "recreated", expected: []string{"pod-x"}, judged: true, bound: flowRecoveryNew, write: func(t *testing.T) {
+		{name: "cycled", expected: []string{"pod-y"}, judged: true, serves: []string{"pod-y"}, write: func(t *testing.T) { m.slice(t, "pod-y") }},
+		{name: "deleted", gone: true, write: func(t *testing.T) { m.deleteService(t) }},
+		{name: "recreated", expected: []string{"pod-x"}, judged: true, serves: []string{"pod-x"}, write: func(t *testing.T) {
 			m.createService(t, clusterIP)
 			m.slice(t, "pod-x")
 		}},
@@ -243,18 +257,24 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 			m.awaitAcked(t)
 		}},
 	}
-	for _, p := range phases {
+	for i := range phases {
+		p := &phases[i]
 		if p.write != nil {
 			// Attempts while the apiserver takes the change belong to no
 			// phase: the last one's verdict must not see the next change.
 			m.setPhase(t, "to-"+p.name)
 			p.write(t)
 		}
+		began := time.Now()
 		m.setPhase(t, p.name)
 		if p.act != nil {
-			p.act(t)
+			p.act(t) // returns once every agent acknowledged
 		}
-		m.settle(t, p)
+		if p.write != nil {
+			m.awaitApplied(t, agent, *p)
+		}
+		p.applied = time.Since(began)
+		m.settle(t, *p)
 		m.dumpTables(t, p.name, n1, n2)
 		phase("phase " + p.name)
 	}
@@ -276,6 +296,62 @@ func (m *flowMatrix) awaitAcked(t *testing.T) {
 	t.Helper()
 	if err := m.c.AwaitAcked(m.ctx, 2*time.Minute); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// explain is what the control plane gives node for the flow Service and
+// whether its agent acknowledged it (nil when it gives nothing: no such
+// Service).
+func (m *flowMatrix) explain(t *testing.T, node string) *vsplanev1.ExplainServiceResponse {
+	t.Helper()
+	resp, err := m.c.Replica.Inspect.ExplainService(m.ctx, &vsplanev1.ExplainServiceRequest{NodeName: node, Namespace: ns, Name: "flow"})
+	if status.Code(err) == codes.NotFound {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// awaitApplied waits until node's agent acknowledged a flow Service that
+// programs exactly p.serves (or until the control plane gives node no flow
+// Service, for p.gone). Each phase's write changes what node programs,
+// except "cycled" (pod-x's terminating endpoint was not programmed there
+// beside a ready one): that one is applied before it starts.
+func (m *flowMatrix) awaitApplied(t *testing.T, node string, p flowPhase) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, pod := range p.serves {
+		want[m.endpoint(t, pod).IP] = true
+	}
+	err := cluster.Await(m.ctx, 2*time.Minute, 20*time.Millisecond, func(ctx context.Context) error {
+		ex := m.explain(t, node)
+		switch {
+		case p.gone && ex == nil:
+			return nil
+		case p.gone:
+			return fmt.Errorf("%s is still given the flow Service (version %s)", node, ex.GetVersion())
+		case ex == nil:
+			return fmt.Errorf("%s is given no flow Service yet", node)
+		case ex.GetAcknowledgement() != vsplanev1.AcknowledgementState_ACKNOWLEDGEMENT_STATE_ACKNOWLEDGED:
+			return fmt.Errorf("%s's agent: version %s %v", node, ex.GetVersion(), ex.GetAcknowledgement())
+		}
+		got := map[string]bool{}
+		for _, vs := range ex.GetService().GetVirtualServers() {
+			for _, rs := range vs.GetRealServers() {
+				if rs.GetWeight() > 0 {
+					got[rs.GetAddress()] = true
+				}
+			}
+		}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("%s's agent acknowledged real servers %v, want %v", node, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("phase %s: %v", p.name, err)
 	}
 }
 
@@ -498,7 +574,7 @@ func (m *flowMatrix) report(t *testing.T, phases []flowPhase) {
 		}
 	}
 	var b strings.Builder
-	b.WriteString("| flow | phase | recovered in | lost | stale answers | attempts |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| flow | phase | recovered in | agent applied after | lost | stale answers | attempts |\n|---|---|---|---|---|---|---|\n")
 	for i, f := range m.flows {
 		if v := flowlog.Judge(logs[i], "steady", "pod-x"); !v.Recovered {
 			t.Errorf("%s never worked before the changes (test bed broken): %+v", f.name, v)
@@ -525,13 +601,21 @@ func (m *flowMatrix) report(t *testing.T, phases []flowPhase) {
 				rec += " (stuck under kube-proxy before)"
 			}
 			name := proxy + "/" + strings.SplitN(f.name, "/", 2)[1]
-			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d |\n", name, p.name, rec, v.Lost, v.Stale, v.Attempts)
-			bound := p.bound
-			if bound == 0 {
-				bound = flowRecovery
+			applied := "-"
+			if strings.HasPrefix(proxy, "vsplane") {
+				applied = fmt.Sprintf("%.2f s", p.applied.Seconds())
 			}
-			if strings.HasPrefix(proxy, "vsplane") && !inherited && (!v.Recovered || time.Duration(v.RecoveryMS)*time.Millisecond > bound) {
-				t.Errorf("%s, phase %s: %s (want recovery within %v); last attempt: %s", name, p.name, rec, bound, v.Last)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d | %d |\n", name, p.name, rec, applied, v.Lost, v.Stale, v.Attempts)
+			// A write is credited with the time its change took to reach
+			// the node's agent; an agent restart or takeover (act) must not
+			// disturb the flows at all, so it is judged from the phase's start.
+			var credit time.Duration
+			if p.write != nil {
+				credit = p.applied
+			}
+			if strings.HasPrefix(proxy, "vsplane") && !inherited && (!v.Recovered || time.Duration(v.RecoveryMS)*time.Millisecond > credit+flowRecovery) {
+				t.Errorf("%s, phase %s: %s, agent applied after %.2f s (want recovery within %v of that); last attempt: %s",
+					name, p.name, rec, credit.Seconds(), flowRecovery, v.Last)
 			}
 		}
 	}
