@@ -382,6 +382,7 @@ func (a *Agent) capabilities() *vsplanev1.Capabilities {
 func (a *Agent) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreCanceled(a.Reconciler.Run(ctx)) })
+	a.watchAddresses(ctx)
 	g.Go(func() error { return ignoreCanceled(a.Client.Run(ctx)) })
 	g.Go(func() error { a.reportStatus(ctx); return nil })
 	if a.state != nil {
@@ -400,6 +401,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		serveHTTP(ctx, g, a.cfg.HealthzListener, a.httpHandler(false))
 	}
 	return g.Wait()
+}
+
+// watchAddresses hands the addresses removed from the node's interfaces
+// to the reconciler, which repairs a removed Service address at once
+// (reconcile/addrwatch.go). A kernel that cannot watch leaves it to the
+// periodic full reconcile, as before.
+func (a *Agent) watchAddresses(ctx context.Context) {
+	w, ok := a.kernel.Links.(kernel.AddressWatcher)
+	if !ok {
+		return
+	}
+	if err := w.WatchRemovedAddresses(ctx, a.Reconciler.AddressRemoved); err != nil {
+		a.log.Warn("cannot watch address removals: a removed Service address waits for the next full reconcile", zap.Error(err))
+	}
 }
 
 // serveHTTP serves h on ln in g until ctx ends.

@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 )
@@ -46,6 +47,24 @@ type Links interface {
 	ApplyAddresses(dev string, ops []AddressOp) []error
 	BoundAddresses(dev string) ([]netip.Addr, error)
 	LocalAddresses() ([]InterfaceAddress, error)
+}
+
+// AddressWatcher is what a Links may also do: report addresses removed
+// from the interfaces of its network namespace as they go, so the agent
+// rebinds a Service address someone deleted (`ip addr del`, kube-ipvs0
+// deleted) at once instead of at its next full reconcile. Optional: without
+// it drift waits for the period, as kube-proxy's does for its sync.
+//
+// Contract:
+//   - WatchRemovedAddresses returns once the watch is established (or
+//     with why it cannot be); from then until ctx ends it calls removed,
+//     from one goroutine at a time, with every address removed from any
+//     interface (unmapped), the agent's own unbinds included, and with the
+//     zero Addr when removals may have been missed (the watch broke and was
+//     established again).
+//   - removed must return quickly: events are not held for it.
+type AddressWatcher interface {
+	WatchRemovedAddresses(ctx context.Context, removed func(netip.Addr)) error
 }
 
 // AddressOpKind names the write an AddressOp performs.

@@ -24,6 +24,9 @@ import (
 type fullSchedule struct {
 	synced bool      // the first Delta (the full desired state) arrived
 	last   time.Time // the last full reconcile (or the first Apply)
+	// soon: a wanted address was removed, a full reconcile is due then
+	// (zero: none; addrwatch.go).
+	soon time.Time
 }
 
 // period is the effective full-reconcile period.
@@ -44,6 +47,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 	defer r.fullMu.Unlock()
 	r.mu.Lock()
 	synced := r.full.synced
+	r.full.soon = time.Time{} // this pass reads what was removed before it
 	r.mu.Unlock()
 	if !synced {
 		return

@@ -120,6 +120,9 @@ type Reconciler struct {
 	stats      Stats           // (status.go)
 
 	wake chan struct{} // a deadline moved: Run recomputes its sleep (run.go)
+	// removals: addresses reported removed, not yet looked at (own lock:
+	// the watcher must not wait for mu; addrwatch.go).
+	removals removalNotes
 }
 
 // New returns a Reconciler over k. It does not touch the kernel.

@@ -7,12 +7,14 @@ import (
 
 // Run is the loop that runs, without a Delta, what is due: the periodic
 // full reconcile or a retry (both Reconcile, full.go) and the drain check
-// (CheckDrains, drain.go). It sleeps until the earliest deadline; Apply
-// and the drains wake it when a deadline moves.
+// (CheckDrains, drain.go), and a full reconcile soon after a wanted
+// address was removed (addrwatch.go). It sleeps until the earliest
+// deadline; Apply, the drains and AddressRemoved wake it.
 
 // Run runs the periodic full reconcile (and retries) until ctx ends.
 func (r *Reconciler) Run(ctx context.Context) error {
 	for {
+		r.takeRemovals()
 		timer := time.NewTimer(r.nextWake())
 		select {
 		case <-ctx.Done():
@@ -58,6 +60,9 @@ func (r *Reconciler) nextWake() time.Duration {
 	if !r.drains.next.IsZero() && r.drains.next.Before(next) {
 		next = r.drains.next
 	}
+	if !r.full.soon.IsZero() && r.full.soon.Before(next) {
+		next = r.full.soon
+	}
 	return max(next.Sub(now), 0)
 }
 
@@ -66,7 +71,8 @@ func (r *Reconciler) due() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.cfg.Now()
-	return r.full.synced && (!now.Before(r.full.last.Add(r.period())) || r.retry.due(now))
+	soon := !r.full.soon.IsZero() && !now.Before(r.full.soon)
+	return r.full.synced && (!now.Before(r.full.last.Add(r.period())) || r.retry.due(now) || soon)
 }
 
 func (r *Reconciler) drainDue() bool {

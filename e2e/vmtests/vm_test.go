@@ -205,6 +205,39 @@ func TestVM(t *testing.T) {
 	})
 	phase("e: ipvsadm -C repair")
 
+	t.Run("e2: a Service address deleted from kube-ipvs0 is bound again on the kernel's word", func(t *testing.T) {
+		// The agent hears of the removal over rtnetlink and reconciles at
+		// once (dataplane/reconcile/addrwatch.go); its log says so. The
+		// periodic reconcile (3 s here) would repair it too, so the log
+		// line, not the time, tells the two apart.
+		if _, err := c.RunInNode(ctx, "node1", "/usr/sbin/ip addr del "+vip+"/32 dev kube-ipvs0"); err != nil {
+			t.Fatal(err)
+		}
+		deleted := time.Now()
+		mustAwait(t, ctx, func(ctx context.Context) error {
+			out, err := c.RunInNode(ctx, "node1", "/usr/sbin/ip -4 addr show dev kube-ipvs0")
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(out, " "+vip+"/32 ") {
+				return fmt.Errorf("%s not bound again:\n%s", vip, out)
+			}
+			return nil
+		})
+		t.Logf("bound again %v after its deletion", time.Since(deleted).Round(time.Millisecond))
+		mustAwait(t, ctx, func(ctx context.Context) error {
+			l, err := c.AgentLog(ctx, "node1")
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(l, "a Service address was removed from its interface") || !strings.Contains(l, vip) {
+				return fmt.Errorf("the agent's log does not tell of the removal:\n%s", tail(l, 20))
+			}
+			return nil
+		})
+	})
+	phase("e2: address removal repaired")
+
 	t.Run("f: deleting the Service unbinds the VIP and removes the virtual servers", func(t *testing.T) {
 		if err := c.DeleteService(ctx, ns, svcName); err != nil {
 			t.Fatal(err)
@@ -240,6 +273,12 @@ func TestVM(t *testing.T) {
 		if res.ExitCode != 0 || res.TimedOut || !strings.Contains(res.Stdout, "\nPASS") || passed == 0 {
 			t.Fatalf("kernel contract suite failed in the VM (exit %d, timed out %v); failures:\n%s\n...\n%s",
 				res.ExitCode, res.TimedOut, failures(res.Stdout), tail(res.Stdout, 10))
+		}
+		// Suites that exist for the real kernel alone must have run.
+		for _, name := range []string{"TestVMIPVSContract", "TestVMLinksContract", "TestVMAddressWatcherContract"} {
+			if !strings.Contains(res.Stdout, "--- PASS: "+name+" ") {
+				t.Errorf("kernel-linux.test did not pass %s", name)
+			}
 		}
 	})
 	phase("g: kernel contract suite")

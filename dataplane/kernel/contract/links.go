@@ -1,10 +1,13 @@
 package contract
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 )
@@ -202,4 +205,85 @@ func wantBound(t *testing.T, l kernel.Links, dev string, want []netip.Addr) {
 	if !slices.Equal(got, want) {
 		t.Errorf("bound to %s: got %v, want %v", dev, got, want)
 	}
+}
+
+// watchTimeout bounds how long a removal may take to be reported (a TCG
+// guest's scheduling, not the kernel's: rtnetlink notifies synchronously).
+const watchTimeout = 10 * time.Second
+
+// RunAddressWatcher checks kernel.AddressWatcher on l, which must offer it:
+// an address unbound is reported, a device deleted reports each of its
+// addresses (IPv4 and IPv6), an address bound is not reported. Removals of
+// addresses that are not the suite's (other tests in the namespace) are
+// ignored.
+func RunAddressWatcher(t *testing.T, l kernel.Links) {
+	w, ok := l.(kernel.AddressWatcher)
+	if !ok {
+		t.Fatalf("%T is no kernel.AddressWatcher", l)
+	}
+	dev := ensureDummy(t, l)
+	a4, b4, a6, late := testAddr4(), testAddr4(), testAddr6(), testAddr4()
+	bind := func(addrs ...netip.Addr) {
+		t.Helper()
+		for _, a := range addrs {
+			must(t, applyOne(l, dev, kernel.AddressOp{Kind: kernel.BindAddress, Addr: a}), "bind "+a.String())
+		}
+	}
+	bind(a4, b4, a6)
+	mine := map[netip.Addr]bool{a4: true, b4: true, a6: true, late: true}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var got []netip.Addr
+	reported := make(chan struct{}, 1)
+	must(t, w.WatchRemovedAddresses(ctx, func(a netip.Addr) {
+		if !a.IsValid() {
+			t.Errorf("the watch reported missed removals (zero Addr) in a quiet test")
+			return
+		}
+		if !mine[a] {
+			return
+		}
+		mu.Lock()
+		got = append(got, a)
+		mu.Unlock()
+		select {
+		case reported <- struct{}{}:
+		default:
+		}
+	}), "watch removed addresses")
+	await := func(what string, want ...netip.Addr) {
+		t.Helper()
+		slices.SortFunc(want, netip.Addr.Compare)
+		deadline := time.After(watchTimeout)
+		for {
+			mu.Lock()
+			have := slices.Clone(got)
+			mu.Unlock()
+			slices.SortFunc(have, netip.Addr.Compare)
+			if slices.Equal(have, want) {
+				return
+			}
+			if len(have) > len(want) {
+				t.Fatalf("%s: reported %v, want %v", what, have, want)
+			}
+			select {
+			case <-reported:
+			case <-deadline:
+				t.Fatalf("%s: reported %v within %v, want %v", what, have, watchTimeout, want)
+			}
+		}
+	}
+
+	bind(late) // a bind is no removal: the unbind below comes first
+	must(t, applyOne(l, dev, kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: a4}), "unbind")
+	await("unbind "+a4.String(), a4)
+	must(t, deleteDummy(l, dev), "delete dummy")
+	await("delete "+dev, a4, b4, a6, late)
+
+}
+
+func applyOne(l kernel.Links, dev string, op kernel.AddressOp) error {
+	return l.ApplyAddresses(dev, []kernel.AddressOp{op})[0]
 }

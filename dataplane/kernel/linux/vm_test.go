@@ -74,6 +74,10 @@ func TestVMLinksContract(t *testing.T) {
 	contract.RunLinks(t, func(*testing.T) kernel.Links { return l })
 }
 
+func TestVMAddressWatcherContract(t *testing.T) {
+	contract.RunAddressWatcher(t, newLinks(t))
+}
+
 func TestVMKubeIPVS0(t *testing.T) {
 	l := newLinks(t)
 	created, err := l.EnsureDummy(kernel.DummyDevice)

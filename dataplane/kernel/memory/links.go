@@ -111,6 +111,9 @@ func (m *Links) DeleteDummy(name string) error {
 		return fmt.Errorf("device %s has type %s, not dummy: %w", name, ifc.kind, kernel.ErrInvalid)
 	}
 	delete(k.links.byName, name)
+	for _, p := range ifc.addrs {
+		k.notifyRemoved(p.Addr())
+	}
 	return nil
 }
 
@@ -155,7 +158,11 @@ func (m *Links) unbindAddress(dev string, addr netip.Addr) error {
 		return nil
 	}
 	a := addr.Unmap()
-	ifc.addrs = slices.DeleteFunc(ifc.addrs, func(q netip.Prefix) bool { return q.Addr() == a })
+	kept := slices.DeleteFunc(ifc.addrs, func(q netip.Prefix) bool { return q.Addr() == a })
+	if len(kept) < len(ifc.addrs) {
+		k.notifyRemoved(a)
+	}
+	ifc.addrs = kept
 	return nil
 }
 

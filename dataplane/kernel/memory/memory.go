@@ -34,6 +34,8 @@ type Kernel struct {
 	hashsize    int
 	hashsizeErr error
 	conntrack   map[conntrackKey]kernel.ConntrackEntry
+	// watches receive removed addresses (watch.go).
+	watches []*addrWatch
 }
 
 // New returns an empty simulated namespace: no virtual servers, no sets,

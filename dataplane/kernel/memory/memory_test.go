@@ -23,3 +23,7 @@ func TestContractSharedKernel(t *testing.T) {
 	k := memory.New().Kernel()
 	contract.Run(t, func(t *testing.T) kernel.Kernel { return k })
 }
+
+func TestAddressWatcherContract(t *testing.T) {
+	contract.RunAddressWatcher(t, memory.New().Kernel().Links)
+}
