@@ -57,6 +57,7 @@ MOD_ONE=(
   lib/libcrc32c arch/x86/crypto/crc32c-intel net/ipv4/inet_diag net/ipv4/tcp_diag
   net/ipv4/udp_diag net/ipv4/raw_diag net/core/failover drivers/net/net_failover
   drivers/block/virtio_blk fs/ext4/ext4 fs/overlayfs/overlay
+  drivers/char/hw_random/virtio-rng
 )
 # Loaded by /init at boot (what the bed itself uses). Everything else loads on
 # demand through /sbin/modprobe: IPVS schedulers, ipset types, xt matches and
@@ -64,8 +65,11 @@ MOD_ONE=(
 # /init loads dummy itself, with numdummies=0 (no stray dummy0).
 # nfnetlink and ip_set too: agents of several nodes starting at once raced
 # each other's on-demand load of nfnetlink (EPROTONOSUPPORT on the socket).
+# virtio_rng: the host's entropy seeds the guest's CRNG at once; without it
+# getrandom() blocked until ~4 s of uptime under TCG, and the first TLS
+# handshake of an agent started before that waited ~1 s for it.
 BOOT_MODULES=(
-  virtio_pci virtio_net veth bridge ip_vs ip_vs_rr
+  virtio_pci virtio_rng virtio_net veth bridge ip_vs ip_vs_rr
   nf_conntrack iptable_filter iptable_nat xt_MASQUERADE xt_conntrack
   nfnetlink ip_set
 )

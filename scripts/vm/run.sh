@@ -14,4 +14,5 @@ trap 'rm -rf "$tmp"' EXIT
 qemu-system-x86_64 -accel tcg -m 1024 -smp 2 -nodefaults -display none -no-reboot \
   -serial mon:stdio -kernel "$CACHE/kernel/vmlinux" -initrd "$tmp/initramfs.img" \
   -append "console=ttyS0 panic=-1 quiet cryptomgr.notests mitigations=off" \
-  -nic "user,model=virtio-net-pci,restrict=on,net=198.19.255.0/24,host=198.19.255.2"
+  -nic "user,model=virtio-net-pci,restrict=on,net=198.19.255.0/24,host=198.19.255.2" \
+  -object rng-random,filename=/dev/urandom,id=rng0 -device virtio-rng-pci,rng=rng0
