@@ -50,8 +50,8 @@ func TestRemovedAddressRepairedAtOnce(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	before := r.Stats().FullReconciles
 	vip := netip.MustParseAddr(svcA.vip)
-	if errs := k.Links.ApplyAddresses(kernel.DummyDevice, []kernel.AddressOp{{Kind: kernel.UnbindAddress, Addr: vip}}); errs[0] != nil {
-		t.Fatal(errs[0])
+	if err := unbindAddr(k, kernel.DummyDevice, vip); err != nil {
+		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {

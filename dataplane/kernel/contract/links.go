@@ -223,13 +223,9 @@ func RunAddressWatcher(t *testing.T, l kernel.Links) {
 	}
 	dev := ensureDummy(t, l)
 	a4, b4, a6, late := testAddr4(), testAddr4(), testAddr6(), testAddr4()
-	bind := func(addrs ...netip.Addr) {
-		t.Helper()
-		for _, a := range addrs {
-			must(t, applyOne(l, dev, kernel.AddressOp{Kind: kernel.BindAddress, Addr: a}), "bind "+a.String())
-		}
+	for _, a := range []netip.Addr{a4, b4, a6} {
+		must(t, bind(l, dev, a), "bind "+a.String())
 	}
-	bind(a4, b4, a6)
 	mine := map[netip.Addr]bool{a4: true, b4: true, a6: true, late: true}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -276,14 +272,9 @@ func RunAddressWatcher(t *testing.T, l kernel.Links) {
 		}
 	}
 
-	bind(late) // a bind is no removal: the unbind below comes first
-	must(t, applyOne(l, dev, kernel.AddressOp{Kind: kernel.UnbindAddress, Addr: a4}), "unbind")
+	must(t, bind(l, dev, late), "bind "+late.String()) // a bind is no removal: the unbind below comes first
+	must(t, unbind(l, dev, a4), "unbind")
 	await("unbind "+a4.String(), a4)
 	must(t, deleteDummy(l, dev), "delete dummy")
 	await("delete "+dev, a4, b4, a6, late)
-
-}
-
-func applyOne(l kernel.Links, dev string, op kernel.AddressOp) error {
-	return l.ApplyAddresses(dev, []kernel.AddressOp{op})[0]
 }

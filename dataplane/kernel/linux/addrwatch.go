@@ -45,13 +45,16 @@ func (l *Links) WatchRemovedAddresses(ctx context.Context, removed func(netip.Ad
 				}
 			}
 			stop()
-			for updates = nil; updates == nil; {
+			for {
 				select {
 				case <-ctx.Done():
 					return
 				case <-time.After(addrWatchRetry):
 				}
-				updates, stop, _ = subscribeAddresses(ctx)
+				var err error
+				if updates, stop, err = subscribeAddresses(ctx); err == nil {
+					break
+				}
 			}
 			removed(netip.Addr{})
 		}
