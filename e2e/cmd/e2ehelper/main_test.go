@@ -105,6 +105,31 @@ func TestRequestTCPAndUDP(t *testing.T) {
 	}
 }
 
+// TestRequestUDPFlowsAreDistinct: without --source-port every UDP request
+// leaves from a port no earlier request of the run used (IPVS would send a
+// reused port's datagram where the first one went, unbalancing a round robin).
+func TestRequestUDPFlowsAreDistinct(t *testing.T) {
+	_, udpAddr := startServe(t, "pod-u")
+	const count = 300
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"request", "--proto", "udp", "--addr", udpAddr,
+		"--count", fmt.Sprint(count), "--timeout", "5s"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	peers := regexp.MustCompile(` ok pod-u from (127\.0\.0\.1:\d+)`).FindAllStringSubmatch(out.String(), -1)
+	if len(peers) != count {
+		t.Fatalf("want %d answers naming the peer, got %d:\n%s", count, len(peers), out.String())
+	}
+	seen := map[string]int{}
+	for i, m := range peers {
+		if j, ok := seen[m[1]]; ok {
+			t.Errorf("requests %d and %d both left from %s", j+1, i+1, m[1])
+		}
+		seen[m[1]] = i
+	}
+}
+
 func TestRequestFailureExitsNonZero(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -27,7 +27,7 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	timeout := fs.Duration("timeout", 2*time.Second, "timeout of each request")
 	interval := fs.Duration("interval", 0, "pause between requests")
 	sourceFrom := fs.String("source-from", "", "tcp: request i (from 0) leaves from this IPv4 address plus i (the addresses must be on the client)")
-	sourcePort := fs.Int("source-port", 0, "the local port of every request (tcp: with --source-from; udp: one fixed source port, so every datagram is the same flow)")
+	sourcePort := fs.Int("source-port", 0, "the local port of every request (tcp: with --source-from; udp: one fixed source port, so every datagram is the same flow; without it every UDP request leaves from a port of its own)")
 	stopFile := fs.String("stop-file", "", "stop before the next request once this file exists (a loop of unknown length: --count is then a bound)")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
@@ -62,7 +62,33 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return src.String() + " " + line, err
 		}
 	case "udp":
-		once = func(ctx context.Context) (string, error) { return udpOnce(ctx, *addr, *timeout, *sourcePort) }
+		// Without --source-port every request must be a new flow: a socket
+		// closed early frees its ephemeral port, the kernel may hand the same
+		// port to a later request, and IPVS (whose UDP entries live for
+		// minutes) then sends that request where the first one went. Holding
+		// the last heldUDPSockets sockets open until the end keeps their
+		// ports distinct.
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		once = func(ctx context.Context) (string, error) {
+			if *sourcePort > 0 {
+				return udpOnce(ctx, *addr, *timeout, *sourcePort)
+			}
+			conn, line, err := udpExchange(ctx, *addr, *timeout, 0)
+			if conn == nil {
+				return line, err
+			}
+			if len(held) == heldUDPSockets {
+				held[0].Close()
+				held = held[1:]
+			}
+			held = append(held, conn)
+			return line, err
+		}
 	default:
 		return usageError(fmt.Sprintf("unknown --proto %q", *proto))
 	}
@@ -160,7 +186,23 @@ func reuseAddr(_, _ string, c syscall.RawConn) error {
 	return serr
 }
 
+// heldUDPSockets bounds the UDP sockets one request run keeps open (far
+// below the usual 1024 open files, far above any count a test uses to judge
+// a round robin).
+const heldUDPSockets = 512
+
+// udpOnce sends one datagram, reads the answer and closes the socket.
 func udpOnce(ctx context.Context, addr string, timeout time.Duration, localPort int) (string, error) {
+	conn, line, err := udpExchange(ctx, addr, timeout, localPort)
+	if conn != nil {
+		conn.Close()
+	}
+	return line, err
+}
+
+// udpExchange is udpOnce leaving the socket open (when it made one): the
+// caller decides when its port may be reused.
+func udpExchange(ctx context.Context, addr string, timeout time.Duration, localPort int) (net.Conn, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
@@ -170,20 +212,19 @@ func udpOnce(ctx context.Context, addr string, timeout time.Duration, localPort 
 	}
 	conn, err := d.DialContext(ctx, "udp", addr)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
-	defer conn.Close()
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
 	if _, err := conn.Write([]byte("ping\n")); err != nil {
-		return "", err
+		return conn, "", err
 	}
 	buf := make([]byte, 2048)
 	n, err := conn.Read(buf)
 	if err != nil {
-		return "", fmt.Errorf("read answer: %w", err)
+		return conn, "", fmt.Errorf("read answer: %w", err)
 	}
-	return strings.TrimSpace(string(buf[:n])), nil
+	return conn, strings.TrimSpace(string(buf[:n])), nil
 }
 
 // holdCmd keeps one TCP connection open, sending a line every interval and
