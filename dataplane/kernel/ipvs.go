@@ -286,6 +286,24 @@ type IPVS interface {
 	Schedulers() ([]string, error)
 }
 
+// DestinationDumper is an optional IPVS capability: the destinations of
+// every address-based virtual server in one read of the kernel. A periodic
+// full pass otherwise calls ListDestinations once per server, 2,000 round
+// trips at 1k Services, which was most of what a quiet agent spent its CPU
+// on (#27).
+//
+// Contract (the contract suite checks it against both implementations):
+//   - Each list equals what ListDestinations returns for that server when
+//     nothing changes meanwhile: the same fields, sorted by key.
+//   - A server may be missing from the map: firewall-mark servers always are
+//     (the kernel's dump does not say their family), and a server changed
+//     while the dump was read may be. Callers read a missing server with
+//     ListDestinations; servers in the map may be ones no longer listed.
+//   - Unavailable (e.g. no procfs): ErrUnsupported; the caller falls back.
+type DestinationDumper interface {
+	DumpDestinations() (map[VirtualServerKey][]Destination, error)
+}
+
 // IPVSOpKind names the write an IPVSOp performs. UpdateVirtualServer
 // changes scheduler, flags, timeout and netmask; UpdateDestination weight
 // and forward method.

@@ -61,7 +61,8 @@ func (r *Reconciler) Reconcile(ctx context.Context) {
 	locked := time.Now()
 	defer func() {
 		r.log.Debug("full reconcile", zap.Duration("read", locked.Sub(start)), zap.Duration("locked", time.Since(locked)),
-			zap.Int("writtenMeanwhile", len(since.vs)+len(since.sets)))
+			zap.Int("writtenMeanwhile", len(since.vs)+len(since.sets)),
+			zap.Int("servers", len(read.vs)), zap.Int("dumpedServers", read.dumped))
 	}()
 	p := r.newPass(ctx)
 	p.syncNodeSettings()

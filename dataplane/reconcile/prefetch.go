@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sync"
 
+	"go.uber.org/zap"
+
 	"github.com/vsplane/vsplane/dataplane/kernel"
 )
 
@@ -28,6 +30,9 @@ type kernelRead struct {
 	bound map[netip.Addr]bool // addresses on kube-ipvs0; nil: not read
 	// entries of the managed sets, by name.
 	entries map[string][]kernel.Entry
+	// dumped is how many servers' destinations came from the one-read dump
+	// (the rest were read one by one); for the pass's log line.
+	dumped int
 }
 
 // readKernel reads the tables a full pass compares. It must run without
@@ -37,8 +42,18 @@ func (r *Reconciler) readKernel(ctx context.Context) *kernelRead {
 	if list, err := r.k.IPVS.ListVirtualServers(); err == nil {
 		out.vs = make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(list))
 		out.dests = make(map[kernel.VirtualServerKey][]kernel.Destination, len(list))
+		// All destinations in one read where the kernel can; the servers it
+		// leaves out are read one by one. Read after the list: a server
+		// removed in between is missing from the dump and fails its own
+		// read, so it stays unread (and is read under the lock).
+		dumped := r.dumpDestinations()
 		for _, vs := range list {
 			out.vs[vs.Key] = vs
+			if ds, ok := dumped[vs.Key]; ok {
+				out.dests[vs.Key] = ds
+				out.dumped++
+				continue
+			}
 			if ctx.Err() != nil {
 				continue
 			}
@@ -59,6 +74,25 @@ func (r *Reconciler) readKernel(ctx context.Context) *kernelRead {
 		}
 	}
 	return out
+}
+
+// dumpDestinations returns every destination the kernel dumps at once, or
+// nil when it cannot (kernel.DestinationDumper), logging the first failure.
+func (r *Reconciler) dumpDestinations() map[kernel.VirtualServerKey][]kernel.Destination {
+	d, ok := r.k.IPVS.(kernel.DestinationDumper)
+	if !ok {
+		return nil
+	}
+	dumped, err := d.DumpDestinations()
+	if err != nil {
+		if !errors.Is(err, kernel.ErrUnsupported) {
+			r.dumpFailed.Do(func() {
+				r.log.Warn("reading all IPVS destinations at once failed; reading them per virtual server", zap.Error(err))
+			})
+		}
+		return nil
+	}
+	return dumped
 }
 
 // use hands the pass what is still current of the read: everything the
@@ -180,6 +214,15 @@ func (v trackedIPVS) Apply(ops []kernel.IPVSOp) []error {
 		}
 	})
 	return v.IPVS.Apply(ops)
+}
+
+// DumpDestinations passes the optional read through (kernel.ErrUnsupported
+// when the wrapped IPVS has none).
+func (v trackedIPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	if d, ok := v.IPVS.(kernel.DestinationDumper); ok {
+		return d.DumpDestinations()
+	}
+	return nil, kernel.ErrUnsupported
 }
 
 type trackedIPSets struct {

@@ -2,10 +2,12 @@ package reconcile
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
@@ -14,8 +16,8 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-// gatedKernel blocks the n-th call of one read (ListDestinations or
-// ListEntries) until released, so a test can act while a full pass is
+// gatedKernel blocks the n-th call of one read (ListDestinations,
+// DumpDestinations or ListEntries) until released, so a test can act while a full pass is
 // reading the kernel.
 type gatedKernel struct {
 	mu      sync.Mutex
@@ -49,6 +51,15 @@ func (v gatedIPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Desti
 	return v.IPVS.ListDestinations(key)
 }
 
+// gatedDumpIPVS adds the one-read dump (kernel.DestinationDumper) that
+// gatedIPVS hides.
+type gatedDumpIPVS struct{ gatedIPVS }
+
+func (v gatedDumpIPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	v.g.gate("DumpDestinations")
+	return v.IPVS.(kernel.DestinationDumper).DumpDestinations()
+}
+
 type gatedIPSets struct {
 	kernel.IPSets
 	g *gatedKernel
@@ -73,14 +84,20 @@ func TestFullReconcileReadsWithoutHoldingDeltas(t *testing.T) {
 		// At the last set: after the IPVS table, the addresses and the
 		// other sets' entries were read.
 		{"during the ipset read", "ListEntries", len(rules.AllSets())},
-		// Some servers' real servers read before the Delta, some after.
+		// Some servers' real servers read before the Delta, some after
+		// (a kernel without the one-read dump).
 		{"during the IPVS read", "ListDestinations", 3},
+		// Every server's real servers read before the Delta, at once.
+		{"during the IPVS dump", "DumpDestinations", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mk := memory.New()
 			g := &gatedKernel{read: tc.read, n: tc.n, reached: make(chan struct{}), release: make(chan struct{})}
 			k := mk.Kernel()
 			k.IPVS, k.IPSets = gatedIPVS{k.IPVS, g}, gatedIPSets{k.IPSets, g}
+			if tc.read == "DumpDestinations" {
+				k.IPVS = gatedDumpIPVS{gatedIPVS{mk.Kernel().IPVS, g}}
+			}
 			r, err := New(k, Config{}, zaptest.NewLogger(t))
 			if err != nil {
 				t.Fatal(err)
@@ -134,5 +151,107 @@ func TestFullReconcileReadsWithoutHoldingDeltas(t *testing.T) {
 			mustAck(t, apply(t, newReconciler(t, want, Config{}), full(keep.resource(), changed.resource(), added.resource())))
 			wantState(t, mk, readState(t, want))
 		})
+	}
+}
+
+// countDumpIPVS is countIPVS with the one-read dump of every destination.
+type countDumpIPVS struct{ countIPVS }
+
+func (w countDumpIPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	w.c.inc("ipvs.DumpDestinations")
+	return w.IPVS.(kernel.DestinationDumper).DumpDestinations()
+}
+
+// TestFullReconcileDumpsDestinationsOnce: where the kernel can dump every
+// destination in one read, a periodic full pass of a clean kernel reads
+// them that way, not per virtual server (2,000 round trips at 1k Services
+// were most of a quiet agent's CPU, #27), and still repairs a destination
+// changed behind its back.
+func TestFullReconcileDumpsDestinationsOnce(t *testing.T) {
+	mk := memory.New()
+	k, c := countingKernel(mk)
+	k.IPVS = countDumpIPVS{k.IPVS.(countIPVS)}
+	r, err := New(k, Config{}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	mustAck(t, r.Apply(ctx, full(svcA.resource(), svcB.resource(), settingsRes(defaultNodeSettings()))))
+
+	c.reset()
+	mk.ResetCalls()
+	r.Reconcile(ctx)
+	n := c.counts()
+	if n["ipvs.DumpDestinations"] != 1 || n["ipvs.ListDestinations"] != 0 {
+		t.Errorf("a clean full pass read destinations %d times at once and %d times per server; want 1 and 0 (reads %v)",
+			n["ipvs.DumpDestinations"], n["ipvs.ListDestinations"], n)
+	}
+	if w := writes(mk); len(w) != 0 {
+		t.Errorf("a clean full pass wrote %v", w)
+	}
+
+	// Drift the dump must show: a real server's weight set to 0 by hand.
+	key := kernel.AddrKey(netip.MustParseAddr("198.18.0.10"), kernel.ProtocolTCP, 80)
+	ds, err := mk.Kernel().IPVS.ListDestinations(key)
+	if err != nil || len(ds) == 0 {
+		t.Fatalf("destinations of %v: %v, %v", key, ds, err)
+	}
+	drifted := ds[0]
+	drifted.Weight = 0
+	if errs := mk.Kernel().IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.UpdateDestination, Server: kernel.VirtualServer{Key: key}, Destination: drifted}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	mk.ResetCalls()
+	r.Reconcile(ctx)
+	if d := cmp.Diff(map[string]int{"ipvs.UpdateDestination": 1}, writes(mk)); d != "" {
+		t.Errorf("repair of a drifted weight (-want +got):\n%s", d)
+	}
+	if got, _ := mk.Kernel().IPVS.ListDestinations(key); got[0].Weight != ds[0].Weight {
+		t.Errorf("weight after repair %d, want %d", got[0].Weight, ds[0].Weight)
+	}
+}
+
+// partialDumpIPVS dumps every destination but those of hide, the way
+// Linux's /proc/net/ip_vs can skip servers (kernel/linux/ipvs_proc.go).
+type partialDumpIPVS struct {
+	countDumpIPVS
+	hide kernel.VirtualServerKey
+}
+
+func (w partialDumpIPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	m, err := w.countDumpIPVS.DumpDestinations()
+	delete(m, w.hide)
+	return m, err
+}
+
+// TestFullReconcileReadsWhatTheDumpMissed: a server the dump left out is
+// read by itself, and drift in it is repaired like anywhere else.
+func TestFullReconcileReadsWhatTheDumpMissed(t *testing.T) {
+	mk := memory.New()
+	k, c := countingKernel(mk)
+	hidden := kernel.AddrKey(netip.MustParseAddr("198.18.0.10"), kernel.ProtocolTCP, 80)
+	k.IPVS = partialDumpIPVS{countDumpIPVS{k.IPVS.(countIPVS)}, hidden}
+	r, err := New(k, Config{}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	mustAck(t, r.Apply(ctx, full(svcA.resource(), svcB.resource(), settingsRes(defaultNodeSettings()))))
+
+	ds, err := mk.Kernel().IPVS.ListDestinations(hidden)
+	if err != nil || len(ds) == 0 {
+		t.Fatalf("destinations of %v: %v, %v", hidden, ds, err)
+	}
+	if errs := mk.Kernel().IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.DeleteDestination, Server: kernel.VirtualServer{Key: hidden}, Destination: ds[0]}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	c.reset()
+	mk.ResetCalls()
+	r.Reconcile(ctx)
+	if n := c.counts(); n["ipvs.DumpDestinations"] != 1 || n["ipvs.ListDestinations"] != 1 {
+		t.Errorf("reads %v: want one dump and one read of the server it missed", n)
+	}
+	if d := cmp.Diff(map[string]int{"ipvs.AddDestination": 1}, writes(mk)); d != "" {
+		t.Errorf("repair of a real server deleted from the missed server (-want +got):\n%s", d)
 	}
 }

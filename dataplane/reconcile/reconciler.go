@@ -104,6 +104,8 @@ type Reconciler struct {
 	// while tracker records the writes made meanwhile (prefetch.go).
 	fullMu  sync.Mutex
 	tracker *writeTracker
+	// dumpFailed logs the first failed one-read dump of destinations.
+	dumpFailed sync.Once
 
 	mu         sync.Mutex
 	desired    *store          // the resources and their indexes (store.go)

@@ -2,6 +2,7 @@ package contract
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -392,4 +393,114 @@ func wantDests(t *testing.T, v kernel.IPVS, key kernel.VirtualServerKey, want []
 			t.Errorf("destination %d of %v: got %+v, want %+v", i, key, got[i], w)
 		}
 	}
+}
+
+// RunDestinationDumper checks the optional kernel.DestinationDumper of v
+// (failing when v has none): each dumped list equals ListDestinations,
+// firewall-mark servers are left out, and a small table comes back whole.
+// A table too big for one read comes back whole when complete is set;
+// otherwise (Linux, whose dump can skip servers while other network
+// namespaces hold IPVS servers: linux/ipvs_proc.go) every server dumped must
+// be exact and some must be. Only the suite's own servers are compared.
+func RunDestinationDumper(t *testing.T, v kernel.IPVS, complete bool) {
+	d, ok := v.(kernel.DestinationDumper)
+	if !ok {
+		t.Fatalf("%T does not implement kernel.DestinationDumper", v)
+	}
+	t.Run("EqualsListDestinations", func(t *testing.T) {
+		a4, b4, a6, b6 := testAddr4(), testAddr4(), testAddr6(), testAddr6()
+		servers := map[kernel.VirtualServer][]kernel.Destination{
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}: {
+				{Address: a4, Port: 8080, Weight: 1},
+				{Address: b4, Port: 8080, Weight: 0}, // draining
+				{Address: a4, Port: 65535, Weight: 65535, Forward: kernel.ForwardDirectRoute},
+			},
+			// The server line's flags come before the destinations.
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolUDP, 53), Scheduler: "wrr",
+				Flags: kernel.FlagPersistent | kernel.FlagOnePacket, Timeout: 10800}: {
+				{Address: b4, Port: 5353, Weight: 3, Forward: kernel.ForwardTunnel},
+			},
+			{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolSCTP, 1), Scheduler: "sh", Flags: kernel.FlagSHFallback}: nil,
+			{Key: kernel.AddrKey(testAddr6(), kernel.ProtocolTCP, 443), Scheduler: "rr",
+				Flags: kernel.FlagPersistent, Timeout: 60, Netmask: 64}: {
+				{Address: a6, Port: 8443, Weight: 1},
+				{Address: b6, Port: 1, Weight: 2},
+			},
+		}
+		for vs, ds := range servers {
+			addVS(t, v, vs)
+			for _, dest := range ds {
+				must(t, addDest(v, vs.Key, dest), "add "+dest.Key().String()+" to "+vs.Key.String())
+			}
+		}
+		fw := kernel.VirtualServer{Key: kernel.FWMarkKey(kernel.FamilyIPv4, 0x7d000000+next()), Scheduler: "rr"}
+		addVS(t, v, fw)
+		must(t, addDest(v, fw.Key, kernel.Destination{Address: a4, Weight: 1}), "add fwmark destination")
+
+		dumped, err := d.DumpDestinations()
+		must(t, err, "dump destinations")
+		for vs := range servers {
+			want, err := v.ListDestinations(vs.Key)
+			must(t, err, "list destinations of "+vs.Key.String())
+			got, ok := dumped[vs.Key.Normalize()]
+			if !ok {
+				t.Errorf("%v: missing from the dump", vs.Key)
+				continue
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%v: dumped %+v, listed %+v", vs.Key, got, want)
+			}
+		}
+		if ds, ok := dumped[fw.Key.Normalize()]; ok {
+			t.Errorf("firewall-mark server %v dumped (%+v): the kernel's dump does not say its family", fw.Key, ds)
+		}
+	})
+
+	t.Run("ManyServers", func(t *testing.T) {
+		// ~2,400 destination lines, well over one read of the kernel's dump.
+		const servers, perServer = 300, 8
+		var ops []kernel.IPVSOp
+		keys := make([]kernel.VirtualServerKey, 0, servers)
+		for range servers {
+			vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+			keys = append(keys, vs.Key)
+			ops = append(ops, kernel.IPVSOp{Kind: kernel.AddVirtualServer, Server: vs})
+			for i := range perServer {
+				ops = append(ops, kernel.IPVSOp{Kind: kernel.AddDestination, Server: vs,
+					Destination: kernel.Destination{Address: netip.AddrFrom4([4]byte{198, 19, 7, byte(i + 1)}), Port: 8080, Weight: 1 + i}})
+			}
+		}
+		t.Cleanup(func() {
+			del := make([]kernel.IPVSOp, 0, len(keys))
+			for _, k := range keys {
+				del = append(del, kernel.IPVSOp{Kind: kernel.DeleteVirtualServer, Server: kernel.VirtualServer{Key: k}})
+			}
+			v.Apply(del)
+		})
+		for i, err := range v.Apply(ops) {
+			must(t, err, fmt.Sprintf("op %d (%v)", i, ops[i].Kind))
+		}
+		dumped, err := d.DumpDestinations()
+		must(t, err, "dump destinations")
+		present := 0
+		for _, k := range keys {
+			got, ok := dumped[k]
+			if !ok {
+				continue
+			}
+			present++
+			if len(got) != perServer {
+				t.Fatalf("%v: dumped %d destinations, want %d: %+v", k, len(got), perServer, got)
+			}
+			for i, dest := range got {
+				if dest.Weight != 1+i {
+					t.Fatalf("%v: destination %d has weight %d, want %d", k, i, dest.Weight, 1+i)
+				}
+			}
+		}
+		t.Logf("%d of %d servers dumped", present, servers)
+		if present == 0 || (complete && present != servers) {
+			t.Errorf("%d of %d servers dumped, want %s", present, servers, map[bool]string{true: "all", false: "some"}[complete])
+		}
+	})
 }

@@ -35,11 +35,16 @@ type IPVS struct {
 	h  *ipvs.Handle
 	// batch carries Apply: many writes per syscall.
 	batch *ipvsBatcher
-	opts  IPVSOptions
-	log   *zap.Logger
+	// proc reads every destination at once (ipvs_proc.go); nil without it.
+	proc *procIPVS
+	opts IPVSOptions
+	log  *zap.Logger
 }
 
-var _ kernel.IPVS = (*IPVS)(nil)
+var (
+	_ kernel.IPVS              = (*IPVS)(nil)
+	_ kernel.DestinationDumper = (*IPVS)(nil)
+)
 
 // probeMark is the firewall mark of the throw-away virtual server NewIPVS
 // creates to prove IPVS works. A fwmark service only sees packets carrying
@@ -67,6 +72,7 @@ func NewIPVS(opts IPVSOptions) (*IPVS, error) {
 		h.Close()
 		return nil, err
 	}
+	v.proc = openProcIPVS()
 	return v, nil
 }
 
@@ -97,6 +103,7 @@ func (v *IPVS) Close() {
 	defer v.mu.Unlock()
 	v.h.Close()
 	v.batch.close()
+	v.proc.close()
 }
 
 // Apply sends ops in batches of many netlink requests per syscall (see

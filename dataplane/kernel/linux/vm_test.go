@@ -56,6 +56,13 @@ func TestVMIPVSContract(t *testing.T) {
 	}
 }
 
+// TestVMDestinationDumperContract: the one-read dump of /proc/net/ip_vs
+// against netlink's per-server reads. Not necessarily complete: TestVM runs
+// this beside node namespaces that hold IPVS servers (ipvs_proc.go).
+func TestVMDestinationDumperContract(t *testing.T) {
+	contract.RunDestinationDumper(t, newIPVS(t), false)
+}
+
 func TestVMIPVSSchedulers(t *testing.T) {
 	v := newIPVS(t)
 	s, err := v.Schedulers()

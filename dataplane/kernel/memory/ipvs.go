@@ -41,7 +41,10 @@ func (s *ipvsState) init() {
 // IPVS is the kernel.IPVS view of a memory Kernel.
 type IPVS Kernel
 
-var _ kernel.IPVS = (*IPVS)(nil)
+var (
+	_ kernel.IPVS              = (*IPVS)(nil)
+	_ kernel.DestinationDumper = (*IPVS)(nil)
+)
 
 func (m *IPVS) k() *Kernel { return (*Kernel)(m) }
 
@@ -177,6 +180,27 @@ func (m *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destinati
 	slices.SortFunc(out, func(a, b kernel.Destination) int {
 		return a.Key().Compare(b.Key())
 	})
+	return out, nil
+}
+
+// DumpDestinations implements kernel.DestinationDumper. Like the Linux
+// kernel's dump, it leaves out firewall-mark servers.
+func (m *IPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	k := m.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[kernel.VirtualServerKey][]kernel.Destination, len(k.ipvs.servers))
+	for key, e := range k.ipvs.servers {
+		if key.FWMark != 0 {
+			continue
+		}
+		ds := make([]kernel.Destination, 0, len(e.dests))
+		for _, d := range e.dests {
+			ds = append(ds, d)
+		}
+		slices.SortFunc(ds, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+		out[key] = ds
+	}
 	return out, nil
 }
 

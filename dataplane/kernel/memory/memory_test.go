@@ -27,3 +27,7 @@ func TestContractSharedKernel(t *testing.T) {
 func TestAddressWatcherContract(t *testing.T) {
 	contract.RunAddressWatcher(t, memory.New().Kernel().Links)
 }
+
+func TestDestinationDumperContract(t *testing.T) {
+	contract.RunDestinationDumper(t, memory.New().Kernel().IPVS, true)
+}

@@ -1,0 +1,250 @@
+package linux
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// The kernel's /proc/net/ip_vs lists every virtual server with its
+// destinations in one seq_file: one or two read(2) calls where netlink
+// needs a GET_DEST request per server. Measured in the TCG VM at 2,000
+// servers x 10 destinations: 0.05 s against 0.66-0.70 s for the per-server
+// requests (`cat /proc/net/ip_vs` against `ipvsadm -Ln`). The full pass
+// reads destinations this way (kernel.DestinationDumper); everything else
+// keeps netlink, which also carries what the file leaves out (thresholds,
+// tunnel settings, statistics).
+//
+// The file, as net/netfilter/ipvs/ip_vs_ctl.c (ip_vs_info_seq_show) writes
+// it since Linux 2.6.28 (IPv6 support):
+//
+//	IP Virtual Server version 1.2.1 (size=4096)
+//	Prot LocalAddress:Port Scheduler Flags
+//	  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+//	TCP  0A600001:0050 rr
+//	  -> 0A000102:1F90      Masq    1      0          0
+//	UDP  [fd00:0000:...:0001]:0035 rr persistent 10800 FFFFFFFF
+//	  -> [fd00:...:0002]:0035      Masq    1      0          0
+//	FWM  00000001 rr
+//
+// One server and all its destinations are written by one show call, so
+// each server's list is consistent. But the file is read a page (4 KiB) per
+// read(2), and between reads servers can go missing, which the
+// DestinationDumper contract allows (the full pass reads those by
+// themselves):
+//   - the table changed between two reads;
+//   - other network namespaces hold IPVS servers. The servers of every
+//     namespace share one hash table; in Linux 6.1 ip_vs_info_seq_next
+//     walks all of them (showing nothing for another namespace's) while
+//     ip_vs_info_seq_start, where each read(2) resumes, counts only this
+//     namespace's, so a read resumes past as many of ours as it walked
+//     others' (seen in the VM test bed, whose nodes are namespaces of one
+//     kernel; a real node's pods seldom hold IPVS servers).
+//
+// A server is never shown with another's destinations, nor another
+// namespace's server shown at all: what the dump holds is right.
+
+// procIPVS reads one network namespace's /proc/net/ip_vs. The file is
+// opened once, in the namespace of the thread that made the IPVS handle,
+// and re-read from the start each time (seq_file regenerates it).
+type procIPVS struct {
+	mu  sync.Mutex
+	f   *os.File
+	buf []byte
+}
+
+// openProcIPVS opens the calling thread's /proc/net/ip_vs. It returns nil
+// when the file is missing (no procfs, or IPVS without it): the caller then
+// reports kernel.ErrUnsupported.
+func openProcIPVS() *procIPVS {
+	// thread-self: the namespace of this thread, the one ipvs.New("") opened
+	// its socket in; /proc/self would be the thread group leader's.
+	runtime.LockOSThread()
+	f, err := os.Open("/proc/thread-self/net/ip_vs")
+	runtime.UnlockOSThread()
+	if err != nil {
+		return nil
+	}
+	return &procIPVS{f: f}
+}
+
+func (p *procIPVS) close() {
+	if p != nil {
+		p.f.Close()
+	}
+}
+
+// read returns the whole file. The buffer is kept for the next read: at 10k
+// Services the file is ~10 MB, and the pass reads it every period.
+func (p *procIPVS) read() ([]byte, error) {
+	if _, err := p.f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
+	}
+	if cap(p.buf) == 0 {
+		p.buf = make([]byte, 0, 256<<10)
+	}
+	b := p.buf[:0]
+	for {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, cap(b))
+		}
+		n, err := p.f.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	p.buf = b
+	return b, nil
+}
+
+// DumpDestinations implements kernel.DestinationDumper.
+func (v *IPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	if v.proc == nil {
+		return nil, fmt.Errorf("ipvs: /proc/net/ip_vs is not available: %w", kernel.ErrUnsupported)
+	}
+	v.proc.mu.Lock()
+	defer v.proc.mu.Unlock()
+	data, err := v.proc.read()
+	if err != nil {
+		return nil, fmt.Errorf("ipvs: read /proc/net/ip_vs: %w", err)
+	}
+	return parseProcIPVS(data)
+}
+
+// parseProcIPVS parses /proc/net/ip_vs (format above). Firewall-mark
+// servers and protocols other than TCP, UDP and SCTP are left out; any
+// line it cannot read fails the whole parse rather than guess.
+func parseProcIPVS(data []byte) (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	out := map[kernel.VirtualServerKey][]kernel.Destination{}
+	var cur kernel.VirtualServerKey
+	inServer := false // cur is a server being filled (not skipped)
+	for n := 1; len(data) > 0; n++ {
+		line, rest, _ := bytes.Cut(data, []byte{'\n'})
+		data = rest
+		fields := bytes.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		switch {
+		case n <= 3: // the three header lines
+			if n == 1 && !bytes.HasPrefix(line, []byte("IP Virtual Server version ")) {
+				return nil, badProcLine(n, line, "not the IPVS table")
+			}
+		case string(fields[0]) == "->":
+			if len(fields) != 6 {
+				return nil, badProcLine(n, line, "want 6 fields in a destination line")
+			}
+			if !inServer {
+				continue // a destination of a skipped server
+			}
+			d, err := parseProcDestination(fields)
+			if err != nil {
+				return nil, badProcLine(n, line, err.Error())
+			}
+			out[cur] = append(out[cur], d)
+		default:
+			if len(fields) < 3 {
+				return nil, badProcLine(n, line, "want at least 3 fields in a server line")
+			}
+			proto, ok := procProtocols[string(fields[0])]
+			if !ok { // FWM (family unknown) or a protocol vsplane never writes
+				inServer = false
+				continue
+			}
+			ap, err := parseProcAddrPort(fields[1])
+			if err != nil {
+				return nil, badProcLine(n, line, err.Error())
+			}
+			cur, inServer = kernel.AddrKey(ap.Addr(), proto, ap.Port()), true
+			// Appear twice (the table changed between reads): keep the later.
+			out[cur] = []kernel.Destination{}
+		}
+	}
+	for _, ds := range out {
+		slices.SortFunc(ds, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+	}
+	return out, nil
+}
+
+// The names the file gives protocols (ip_vs_proto_name) and forward methods
+// (ip_vs_fwd_name; "Masq" is also what it prints for any unknown method).
+var (
+	procProtocols = map[string]kernel.Protocol{"TCP": kernel.ProtocolTCP, "UDP": kernel.ProtocolUDP, "SCTP": kernel.ProtocolSCTP}
+	procForwards  = map[string]kernel.ForwardMethod{"Masq": kernel.ForwardMasq, "Local": kernel.ForwardLocal,
+		"Tunnel": kernel.ForwardTunnel, "Route": kernel.ForwardDirectRoute}
+)
+
+func badProcLine(n int, line []byte, why string) error {
+	return fmt.Errorf("ipvs: /proc/net/ip_vs line %d %q: %s", n, line, why)
+}
+
+// parseProcDestination reads "-> ADDR:PORT FORWARD WEIGHT ACTIVE INACTIVE".
+func parseProcDestination(f [][]byte) (kernel.Destination, error) {
+	ap, err := parseProcAddrPort(f[1])
+	if err != nil {
+		return kernel.Destination{}, err
+	}
+	fwd, ok := procForwards[string(f[2])]
+	if !ok {
+		return kernel.Destination{}, fmt.Errorf("unknown forward method %q", f[2])
+	}
+	var nums [3]int64
+	for i := range nums {
+		if nums[i], err = strconv.ParseInt(string(f[3+i]), 10, 32); err != nil {
+			return kernel.Destination{}, err
+		}
+	}
+	return kernel.Destination{
+		Address: ap.Addr(), Port: ap.Port(), Forward: fwd,
+		Weight:       int(nums[0]),
+		ActiveConn:   uint32(nums[1]),
+		InactiveConn: uint32(nums[2]),
+	}, nil
+}
+
+// parseProcAddrPort reads "0A000001:0050" (IPv4 as one hex number) or
+// "[fd00:0000:...:0001]:0050" (IPv6, every group written out).
+func parseProcAddrPort(b []byte) (netip.AddrPort, error) {
+	i := bytes.LastIndexByte(b, ':')
+	if i < 0 || len(b)-i-1 != 4 {
+		return netip.AddrPort{}, fmt.Errorf("address %q: want ADDR:PORT with a 4-digit hex port", b)
+	}
+	var port [2]byte
+	if _, err := hex.Decode(port[:], b[i+1:]); err != nil {
+		return netip.AddrPort{}, fmt.Errorf("address %q: port: %v", b, err)
+	}
+	host := b[:i]
+	var addr netip.Addr
+	if len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		a, err := netip.ParseAddr(string(host[1 : len(host)-1]))
+		if err != nil || !a.Is6() {
+			return netip.AddrPort{}, fmt.Errorf("address %q: not IPv6", b)
+		}
+		addr = a
+	} else {
+		var ip [4]byte
+		if len(host) != 8 {
+			return netip.AddrPort{}, fmt.Errorf("address %q: want 8 hex digits of IPv4", b)
+		}
+		if _, err := hex.Decode(ip[:], host); err != nil {
+			return netip.AddrPort{}, fmt.Errorf("address %q: %v", b, err)
+		}
+		addr = netip.AddrFrom4(ip)
+	}
+	return netip.AddrPortFrom(addr.Unmap(), binary.BigEndian.Uint16(port[:])), nil
+}
