@@ -88,7 +88,7 @@ func (p *pass) bindWanted(addr netip.Addr) (bool, error) {
 
 // addressesToCompare are the addresses a full pass syncs: wanted or bound.
 func (p *pass) addressesToCompare() map[netip.Addr][]string {
-	addrs := map[netip.Addr][]string{}
+	addrs := make(map[netip.Addr][]string, len(p.desired.addrVS)) // steady state: bound = wanted
 	for a := range p.desired.addrVS {
 		addrs[a] = nil
 	}

@@ -55,7 +55,7 @@ func (p *pass) listVirtualServers() map[kernel.VirtualServerKey]kernel.VirtualSe
 // programmed by this process, or on a bound or node-local, not excluded
 // address (or an in-cluster firewall mark of ours).
 func (p *pass) virtualServersToCompare() map[kernel.VirtualServerKey][]string {
-	keys := map[kernel.VirtualServerKey][]string{}
+	keys := make(map[kernel.VirtualServerKey][]string, len(p.desired.vsOwners)) // steady state: programmed = wanted
 	for key := range p.desired.vsOwners {
 		keys[key] = nil
 	}
