@@ -141,6 +141,13 @@ type Side struct {
 	// changes in which nothing changed (runs from 2026-12-05): periodic
 	// full syncs and reconciles only.
 	QuietCPUSeconds float64 `json:"cpu_seconds_quiet,omitempty"`
+	// QuietAloneCPUSeconds (vsplane, runs from 2026-12-06): the same quiet
+	// window again after kube-proxy was stopped and its IPVS table flushed.
+	// Beside another namespace's IPVS servers Linux 6.1's /proc/net/ip_vs
+	// skips some of the agent's, which it then reads one by one
+	// (dataplane/kernel/linux/ipvs_proc.go); a node's other namespaces
+	// seldom hold any.
+	QuietAloneCPUSeconds float64 `json:"cpu_seconds_quiet_alone,omitempty"`
 }
 
 // Parity is ipvsprobe's comparison of the two kernels' IPVS in the Service range.
@@ -155,7 +162,7 @@ type Parity struct {
 }
 
 // ratioKeys are the headline ratios, kube-proxy / vsplane.
-var ratioKeys = []string{"cold_ipvs_complete", "cold_synced", "change_median_alone", "change_median", "change_p90", "peak_rss", "cpu_total", "cpu_cold_start", "cpu_during_changes", "cpu_quiet"}
+var ratioKeys = []string{"cold_ipvs_complete", "cold_synced", "change_median_alone", "change_median", "change_p90", "peak_rss", "cpu_total", "cpu_cold_start", "cpu_during_changes", "cpu_quiet", "cpu_quiet_agent_alone"}
 
 func ratios(r KubeProxyRun) map[string]float64 {
 	k, v := r.KubeProxy, r.Vsplane
@@ -178,6 +185,9 @@ func ratios(r KubeProxyRun) map[string]float64 {
 		"cpu_cold_start":      div(k.ColdCPUSeconds, v.ColdCPUSeconds),
 		"cpu_during_changes":  div(k.ChangesCPUSeconds, v.ChangesCPUSeconds),
 		"cpu_quiet":           div(k.QuietCPUSeconds, v.QuietCPUSeconds),
+		// kube-proxy's quiet CPU does not depend on the other namespace's
+		// table (it reads its own over netlink).
+		"cpu_quiet_agent_alone": div(k.QuietCPUSeconds, v.QuietAloneCPUSeconds),
 	}
 }
 
@@ -525,6 +535,10 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		if r.QuietSeconds > 0 {
 			row(fmt.Sprintf("CPU over %.0f quiet seconds after the changes, nothing changing (s; periodic syncs and full reconciles)", r.QuietSeconds),
 				"%.2f", k.QuietCPUSeconds, v.QuietCPUSeconds, "cpu_quiet")
+		}
+		if v.QuietAloneCPUSeconds > 0 {
+			row(fmt.Sprintf("… the same %.0f s again, the agent alone in IPVS (kube-proxy stopped, its table flushed: Linux 6.1's one-read dump of /proc/net/ip_vs skips some of the agent's servers while another namespace holds IPVS servers, and the agent reads those one by one; kube-proxy's column is its quiet CPU above)", r.QuietSeconds),
+				"%.2f", k.QuietCPUSeconds, v.QuietAloneCPUSeconds, "cpu_quiet_agent_alone")
 		}
 		if v.ColdConnectedSeconds > 0 { // runs before 2026-12-01 polled instead
 			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the test's call to start it: its credentials written and the process started in the VM come first).\n",

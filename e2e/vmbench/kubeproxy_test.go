@@ -309,6 +309,8 @@ drain:
 		r.KubeProxy.QuietCPUSeconds = cpu(after[0]) - cpu(before[0])
 		r.Vsplane.QuietCPUSeconds = cpu(after[1]) - cpu(before[1])
 		t.Logf("N=%d: quiet CPU kube-proxy %.2f s, vsplane %.2f s", n, r.KubeProxy.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds)
+		r.Vsplane.QuietAloneCPUSeconds = quietAgentAlone(t, ctx, c, probe, quiet)
+		t.Logf("N=%d: quiet CPU of the agent alone in IPVS %.2f s", n, r.Vsplane.QuietAloneCPUSeconds)
 	}
 	end := procs(t, ctx, probe)
 	for i, s := range []*Side{&r.KubeProxy, &r.Vsplane} {
@@ -320,6 +322,30 @@ drain:
 	r.Ratios = ratios(r)
 	r.LoadAvgAfter = measure.LoadAvgLine()
 	return r
+}
+
+// quietAgentAlone stops kube-proxy, flushes its IPVS table and measures the
+// agent's CPU (incl. children) over quiet again: what a quiet agent costs
+// where no other namespace holds IPVS servers (see Side.QuietAloneCPUSeconds).
+// kube-proxy stays stopped: nothing after this measures it.
+func quietAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *vm.Probe, quiet time.Duration) float64 {
+	t.Helper()
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kubeProxyPID(t, ctx, probe))); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.RunInNode(ctx, kpNode, "ipvsadm -C && ipvsadm -Ln | grep -c -e '^TCP' -e '^UDP' -e '^SCTP' -e '^FWM' || true"); err != nil || strings.TrimSpace(out) != "0" {
+		t.Fatalf("flush kube-proxy's IPVS table: %v, %q virtual servers left", err, out)
+	}
+	before := procs(t, ctx, probe)
+	timer := time.NewTimer(quiet)
+	select {
+	case <-ctx.Done():
+		timer.Stop()
+		t.Fatal("deadline during the agent's quiet phase")
+	case <-timer.C:
+	}
+	after := procs(t, ctx, probe)
+	return after[1].CPUSeconds() + after[1].ChildCPUSeconds() - (before[1].CPUSeconds() + before[1].ChildCPUSeconds())
 }
 
 // agentInfo is the control plane's record of node's agent, once it
