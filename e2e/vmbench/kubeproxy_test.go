@@ -294,20 +294,10 @@ drain:
 	if quiet := kpQuiet(t); quiet > 0 {
 		// Nothing changes: what each costs just by being there (periodic
 		// full syncs, full reconciles against the kernel).
-		before := procs(t, ctx, probe)
 		t.Logf("N=%d: quiet for %v", n, quiet)
-		timer := time.NewTimer(quiet)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			t.Fatal("deadline during the quiet phase")
-		case <-timer.C:
-		}
-		after := procs(t, ctx, probe)
 		r.QuietSeconds = quiet.Seconds()
-		cpu := func(p wire.ProcStat) float64 { return p.CPUSeconds() + p.ChildCPUSeconds() }
-		r.KubeProxy.QuietCPUSeconds = cpu(after[0]) - cpu(before[0])
-		r.Vsplane.QuietCPUSeconds = cpu(after[1]) - cpu(before[1])
+		cpu := quietCPU(t, ctx, probe, quiet)
+		r.KubeProxy.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds = cpu[0], cpu[1]
 		t.Logf("N=%d: quiet CPU kube-proxy %.2f s, vsplane %.2f s", n, r.KubeProxy.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds)
 		r.Vsplane.QuietAloneCPUSeconds = quietAgentAlone(t, ctx, c, probe, quiet)
 		t.Logf("N=%d: quiet CPU of the agent alone in IPVS %.2f s", n, r.Vsplane.QuietAloneCPUSeconds)
@@ -336,16 +326,24 @@ func quietAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, prob
 	if out, err := c.RunInNode(ctx, kpNode, "ipvsadm -C && ipvsadm -Ln | grep -c -e '^TCP' -e '^UDP' -e '^SCTP' -e '^FWM' || true"); err != nil || strings.TrimSpace(out) != "0" {
 		t.Fatalf("flush kube-proxy's IPVS table: %v, %q virtual servers left", err, out)
 	}
+	return quietCPU(t, ctx, probe, quiet)[1]
+}
+
+// quietCPU waits quiet and returns the CPU (incl. children) kube-proxy and
+// the agent used meanwhile.
+func quietCPU(t *testing.T, ctx context.Context, probe *vm.Probe, quiet time.Duration) [2]float64 {
+	t.Helper()
 	before := procs(t, ctx, probe)
 	timer := time.NewTimer(quiet)
 	select {
 	case <-ctx.Done():
 		timer.Stop()
-		t.Fatal("deadline during the agent's quiet phase")
+		t.Fatal("deadline during a quiet phase")
 	case <-timer.C:
 	}
 	after := procs(t, ctx, probe)
-	return after[1].CPUSeconds() + after[1].ChildCPUSeconds() - (before[1].CPUSeconds() + before[1].ChildCPUSeconds())
+	cpu := func(p wire.ProcStat) float64 { return p.CPUSeconds() + p.ChildCPUSeconds() }
+	return [2]float64{cpu(after[0]) - cpu(before[0]), cpu(after[1]) - cpu(before[1])}
 }
 
 // agentInfo is the control plane's record of node's agent, once it

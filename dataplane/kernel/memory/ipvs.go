@@ -173,14 +173,18 @@ func (m *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destinati
 	if !ok {
 		return nil, fmt.Errorf("list destinations of %v: %w", key, kernel.ErrNotFound)
 	}
+	return e.sortedDests(), nil
+}
+
+// sortedDests returns a copy of e's destinations sorted by key, the order
+// reads return them in.
+func (e *vsEntry) sortedDests() []kernel.Destination {
 	out := make([]kernel.Destination, 0, len(e.dests))
 	for _, d := range e.dests {
 		out = append(out, d)
 	}
-	slices.SortFunc(out, func(a, b kernel.Destination) int {
-		return a.Key().Compare(b.Key())
-	})
-	return out, nil
+	slices.SortFunc(out, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+	return out
 }
 
 // DumpDestinations implements kernel.DestinationDumper. Like the Linux
@@ -194,12 +198,7 @@ func (m *IPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.Destinat
 		if key.FWMark != 0 {
 			continue
 		}
-		ds := make([]kernel.Destination, 0, len(e.dests))
-		for _, d := range e.dests {
-			ds = append(ds, d)
-		}
-		slices.SortFunc(ds, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
-		out[key] = ds
+		out[key] = e.sortedDests()
 	}
 	return out, nil
 }
