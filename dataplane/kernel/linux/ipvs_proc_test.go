@@ -1,6 +1,8 @@
 package linux
 
 import (
+	"bufio"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -28,8 +30,14 @@ FWM  7D000001 rr
   -> C6130106:0000      Masq    1      0          0         
 `
 
+// parseProc parses s as the file would be read.
+func parseProc(s string) (map[kernel.VirtualServerKey][]kernel.Destination, error) {
+	out, _, err := parseProcIPVS(bufio.NewReaderSize(strings.NewReader(s), procLineMax), 0)
+	return out, err
+}
+
 func TestParseProcIPVS(t *testing.T) {
-	got, err := parseProcIPVS([]byte(procSample))
+	got, err := parseProc(procSample)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +65,7 @@ func TestParseProcIPVS(t *testing.T) {
 
 func TestParseProcIPVSEmptyTable(t *testing.T) {
 	header, _, _ := strings.Cut(procSample, "TCP ")
-	got, err := parseProcIPVS([]byte(header))
+	got, err := parseProc(header)
 	if err != nil || len(got) != 0 {
 		t.Errorf("header only: got %v, %v; want an empty map", got, err)
 	}
@@ -80,13 +88,64 @@ func TestParseProcIPVSRejects(t *testing.T) {
 		"count out of range":   header + "TCP  C612800A:0050 rr\n  -> C6130103:1F90 Masq 1 99999999999 0\n",
 		"bad destination addr": header + "TCP  C612800A:0050 rr\n  -> C61301:1F90 Masq 1 0 0\n",
 	} {
-		if got, err := parseProcIPVS([]byte(body)); err == nil {
+		if got, err := parseProc(body); err == nil {
 			t.Errorf("%s: parsed %v, want an error", name, got)
 		}
 	}
 	// Unknown protocols are skipped with their destinations, not errors.
-	got, err := parseProcIPVS([]byte(header + "IP_41  C612800A:0050 rr\n  -> C6130103:1F90 Masq 1 0 0\n"))
+	got, err := parseProc((header + "IP_41  C612800A:0050 rr\n  -> C6130103:1F90 Masq 1 0 0\n"))
 	if err != nil || len(got) != 0 {
 		t.Errorf("unknown protocol: got %v, %v; want it skipped", got, err)
+	}
+}
+
+// TestParseProcIPVSStreams: the file is parsed as it is read, into one
+// array: a last line without a newline counts, a line longer than the
+// reader's buffer fails the dump, each server's list is capped so an
+// append to it cannot overwrite the next server's, and parsing a large
+// table allocates a fixed number of times, not per line or destination.
+func TestParseProcIPVSStreams(t *testing.T) {
+	header, _, _ := strings.Cut(procSample, "TCP ")
+	got, err := parseProc(header + "TCP  C612800A:0050 rr\n  -> C6130103:1F90 Masq 1 0 0")
+	if err != nil || len(got[kernel.AddrKey(netip.MustParseAddr("198.18.128.10"), kernel.ProtocolTCP, 80)]) != 1 {
+		t.Errorf("last line without a newline: got %v, %v; want its destination", got, err)
+	}
+	if got, err := parseProc(header + "TCP  C612800A:0050 rr " + strings.Repeat("x", procLineMax) + "\n"); err == nil || !strings.Contains(err.Error(), "line too long") {
+		t.Errorf("overlong line: got %v, %v; want a line-too-long error", got, err)
+	}
+
+	const servers, dests = 2000, 10
+	var b strings.Builder
+	b.WriteString(header)
+	for i := range servers {
+		fmt.Fprintf(&b, "TCP  0A%06X:0050 rr\n", i)
+		for j := range dests {
+			fmt.Fprintf(&b, "  -> 0B%04X%02X:1F90      Masq    1      0          0         \n", i, j)
+		}
+	}
+	text := b.String()
+	parse := func(hint int) (map[kernel.VirtualServerKey][]kernel.Destination, int) {
+		out, n, err := parseProcIPVS(bufio.NewReaderSize(strings.NewReader(text), procLineMax), hint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out, n
+	}
+	out, n := parse(0)
+	if len(out) != servers || n != servers*dests {
+		t.Fatalf("parsed %d servers, %d destinations; want %d, %d", len(out), n, servers, servers*dests)
+	}
+	first := kernel.AddrKey(netip.MustParseAddr("10.0.0.0"), kernel.ProtocolTCP, 80)
+	second := kernel.AddrKey(netip.MustParseAddr("10.0.0.1"), kernel.ProtocolTCP, 80)
+	before := out[second][0]
+	_ = append(out[first], kernel.Destination{Port: 1})
+	if out[second][0] != before || cap(out[first]) != dests {
+		t.Errorf("a server's list is not capped (cap %d): an append overwrote the next server's first destination", cap(out[first]))
+	}
+	allocs := testing.AllocsPerRun(3, func() { parse(n) })
+	// The reader, the array, the servers' growing slice (~20 doublings)
+	// and the map: a few dozen, where a slice per line was 22,000.
+	if allocs > 60 {
+		t.Errorf("parsing %d lines allocated %.0f times; want a fixed number (<= 60)", servers*(dests+1), allocs)
 	}
 }
