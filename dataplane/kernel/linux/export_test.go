@@ -1,11 +1,14 @@
 package linux
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 )
@@ -63,4 +66,43 @@ func (c *Conntrack) Add(e kernel.ConntrackEntry) error {
 
 func (c *Conntrack) List(family kernel.Family, proto kernel.Protocol) ([]kernel.ConntrackEntry, error) {
 	return c.Entries(family, proto)
+}
+
+// DumpLinkNames lists the namespace's links with an RTM_GETLINK dump on a
+// batch socket (nldump.go); stopAfter > 0 fails the callback after that
+// many links, then dumps again on the same socket.
+func DumpLinkNames(stopAfter int) ([]string, error) {
+	b, err := newNLBatch(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	req := func(buf []byte) ([]byte, uint16, uint16) {
+		return append(buf, make([]byte, unix.SizeofIfInfomsg)...), unix.RTM_GETLINK, unix.NLM_F_DUMP
+	}
+	var names []string
+	errStop := errors.New("stop")
+	each := func(msg []byte) error {
+		if stopAfter > 0 && len(names) == stopAfter {
+			return errStop
+		}
+		if len(msg) < unix.SizeofIfInfomsg {
+			return fmt.Errorf("short link message")
+		}
+		return walkAttrs(msg[unix.SizeofIfInfomsg:], func(typ uint16, v []byte) error {
+			if typ == unix.IFLA_IFNAME {
+				names = append(names, string(bytes.TrimRight(v, "\x00")))
+			}
+			return nil
+		})
+	}
+	err = b.dump(req, each)
+	if stopAfter > 0 {
+		if !errors.Is(err, errStop) {
+			return nil, fmt.Errorf("stopped dump returned %v, want the callback's error", err)
+		}
+		names, stopAfter = nil, 0
+		err = b.dump(req, each)
+	}
+	return names, err
 }

@@ -28,8 +28,10 @@ type IPVSOptions struct {
 }
 
 // IPVS reads the kernel's IPVS table and sets its timeouts through
-// moby/ipvs, and writes it in batches on its own socket (ipvs_batch.go).
-// moby handles are not goroutine-safe, so every call holds mu.
+// moby/ipvs, and writes it in batches on its own socket (ipvs_batch.go);
+// the whole-table reads of a full pass use that socket too (ipvs_list.go)
+// and /proc/net/ip_vs (ipvs_proc.go). moby handles are not goroutine-safe,
+// so every call holds mu.
 type IPVS struct {
 	mu sync.Mutex
 	h  *ipvs.Handle
@@ -37,8 +39,10 @@ type IPVS struct {
 	batch *ipvsBatcher
 	// proc reads every destination at once (ipvs_proc.go); nil without it.
 	proc *procIPVS
-	opts IPVSOptions
-	log  *zap.Logger
+	// listed is how many servers the last list held (sizes the next).
+	listed int
+	opts   IPVSOptions
+	log    *zap.Logger
 }
 
 var (
@@ -196,20 +200,12 @@ func fromService(s *ipvs.Service) (kernel.VirtualServer, error) {
 
 func (v *IPVS) ListVirtualServers() ([]kernel.VirtualServer, error) {
 	v.mu.Lock()
-	svcs, err := v.h.GetServices()
-	v.mu.Unlock()
+	defer v.mu.Unlock()
+	out, err := v.batch.listServices(v.listed)
 	if err != nil {
 		return nil, ipvsError("ipvs: list virtual servers", err, kernel.ErrNotFound)
 	}
-	out := make([]kernel.VirtualServer, 0, len(svcs))
-	for _, s := range svcs {
-		vs, err := fromService(s)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, vs)
-	}
-	slices.SortFunc(out, func(a, b kernel.VirtualServer) int { return a.Key.Compare(b.Key) })
+	v.listed = len(out)
 	return out, nil
 }
 
