@@ -2,6 +2,8 @@ package linux_test
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -195,4 +197,72 @@ func bind(l kernel.Links, dev string, a netip.Addr) error {
 
 func unbind(l kernel.Links, dev string, a netip.Addr) error {
 	return l.ApplyAddresses(dev, []kernel.AddressOp{{Kind: kernel.UnbindAddress, Addr: a}})[0]
+}
+
+// TestBoundAddressesManyOnVeth: BoundAddresses' in-place dump reads every
+// address of the device over many reply datagrams (1,500 IPv4 and 500
+// IPv6), none of another device's, no IPv6 link-local one, and a
+// point-to-point address as its own end (IFA_LOCAL), as the netlink
+// library read them.
+func TestBoundAddressesManyOnVeth(t *testing.T) {
+	requireNetns(t)
+	l, err := linux.NewLinks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vspt-many0"}, PeerName: "vspt-many1"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("create veth pair: %v", err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
+
+	var ops []kernel.AddressOp
+	var want []netip.Addr
+	for i := range 1500 {
+		a := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+		ops, want = append(ops, kernel.AddressOp{Kind: kernel.BindAddress, Addr: a}), append(want, a)
+	}
+	for i := range 500 {
+		a := netip.AddrFrom16([16]byte{0x20, 0x01, 0, 2, 0, 0, 0, 0xfb, 14: byte(i >> 8), 15: byte(i)})
+		ops, want = append(ops, kernel.AddressOp{Kind: kernel.BindAddress, Addr: a}), append(want, a)
+	}
+	for i, err := range l.ApplyAddresses("vspt-many0", ops) {
+		if err != nil {
+			t.Fatalf("bind %v: %v", ops[i].Addr, err)
+		}
+	}
+	if err := bind(l, "vspt-many1", netip.MustParseAddr("198.18.252.1")); err != nil {
+		t.Fatal(err)
+	}
+	link, err := netlink.LinkByName("vspt-many0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptp := &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP("198.18.253.1")), Peer: netlink.NewIPNet(net.ParseIP("198.18.253.2"))}
+	linkLocal, _ := netlink.ParseAddr("fe80::1234/64")
+	for _, a := range []*netlink.Addr{ptp, linkLocal} {
+		if err := netlink.AddrAdd(link, a); err != nil {
+			t.Fatalf("add %v: %v", a, err)
+		}
+	}
+	want = append(want, netip.MustParseAddr("198.18.253.1"))
+	slices.SortFunc(want, netip.Addr.Compare)
+
+	got, err := l.BoundAddresses("vspt-many0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("bound: %d addresses, want %d; first differences: %v", len(got), len(want), firstDiff(got, want))
+	}
+}
+
+func firstDiff(got, want []netip.Addr) string {
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			return fmt.Sprintf("at %d got %v want %v", i, got[i], want[i])
+		}
+	}
+	return fmt.Sprintf("lengths %d and %d", len(got), len(want))
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"syscall"
 
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -23,7 +24,10 @@ import (
 // header, until the kernel's NLMSG_DONE. The bytes alias the receive
 // buffer: each copies what it keeps. After an error from each, the rest of
 // the dump is read and dropped before the error is returned: the kernel
-// refuses (EBUSY) a socket's next dump while one is unfinished.
+// refuses (EBUSY) a socket's next dump while one is unfinished. A dump the
+// kernel marks inconsistent (a concurrent change, NLM_F_DUMP_INTR) returns
+// nl.ErrDumpInterrupted once read whole, as the netlink library does;
+// retryDump repeats it.
 func (b *nlBatch) dump(payload nlPayload, each func(msg []byte) error) error {
 	if b.seq == math.MaxUint32 {
 		b.seq = 0
@@ -37,6 +41,7 @@ func (b *nlBatch) dump(payload nlPayload, each func(msg []byte) error) error {
 		return fmt.Errorf("sendto: %w", err)
 	}
 	var failed error // from each: drain, then return it
+	interrupted := false
 	for {
 		// MSG_TRUNC: netlink returns a datagram's real length, so a reply
 		// larger than the buffer is an error, not a silently short dump.
@@ -56,6 +61,7 @@ func (b *nlBatch) dump(payload nlPayload, each func(msg []byte) error) error {
 			}
 			l := int(binary.NativeEndian.Uint32(data[0:4]))
 			typ := binary.NativeEndian.Uint16(data[4:6])
+			flags := binary.NativeEndian.Uint16(data[6:8])
 			mseq := binary.NativeEndian.Uint32(data[8:12])
 			if l < unix.NLMSG_HDRLEN || l > len(data) {
 				return fmt.Errorf("netlink message of bad length %d (%d bytes left)", l, len(data))
@@ -65,8 +71,14 @@ func (b *nlBatch) dump(payload nlPayload, each func(msg []byte) error) error {
 			if mseq != seq {
 				continue // a reply to an earlier, abandoned exchange
 			}
+			if flags&unix.NLM_F_DUMP_INTR != 0 {
+				interrupted = true
+			}
 			switch typ {
 			case unix.NLMSG_DONE:
+				if failed == nil && interrupted {
+					return nl.ErrDumpInterrupted
+				}
 				return failed
 			case unix.NLMSG_ERROR:
 				if len(msg) < 4 {
