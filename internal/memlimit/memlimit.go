@@ -67,3 +67,18 @@ func parse(s string) (limit int64, ok bool, err error) {
 	}
 	return int64(n), true, nil
 }
+
+// SetGCPercent sets Go's GC target to percent (heap growth over what is
+// live before the next collection) unless GOGC is set (the runtime already
+// applied it). It returns the target in effect and whether it came from
+// GOGC. A node agent's peak is its live heap times (1 + percent/100):
+// Go's default 100 doubles it.
+func SetGCPercent(percent int) (effective int, fromEnv bool) {
+	if os.Getenv("GOGC") != "" {
+		cur := debug.SetGCPercent(100) // read it back: set, then restore
+		debug.SetGCPercent(cur)
+		return cur, true
+	}
+	debug.SetGCPercent(percent)
+	return percent, false
+}

@@ -54,3 +54,22 @@ func TestSetFromCgroupFile(t *testing.T) {
 		t.Fatalf("GOMEMLIMIT set: Set = %d, %v and the limit changed", got, err)
 	}
 }
+
+func TestSetGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	t.Setenv("GOGC", "")
+	if got, env := SetGCPercent(40); got != 40 || env {
+		t.Errorf("without GOGC: got %d, %v; want 40, false", got, env)
+	}
+	if cur := debug.SetGCPercent(40); cur != 40 {
+		t.Errorf("runtime GC percent %d after SetGCPercent(40)", cur)
+	}
+	t.Setenv("GOGC", "70")
+	debug.SetGCPercent(70) // what the runtime read from GOGC at start
+	if got, env := SetGCPercent(40); got != 70 || !env {
+		t.Errorf("with GOGC=70: got %d, %v; want 70, true (GOGC wins)", got, env)
+	}
+	if cur := debug.SetGCPercent(70); cur != 70 {
+		t.Errorf("runtime GC percent %d: GOGC's 70 was overridden", cur)
+	}
+}

@@ -27,6 +27,9 @@ func main() {
 	}
 }
 
+// agentGCPercent is the agent's default GOGC (see run).
+const agentGCPercent = 50
+
 func run() error {
 	started := agent.ProcessStart()
 	// Every flag, the --config file under them, validated: see agentconfig.
@@ -51,6 +54,15 @@ func run() error {
 		log.Warn("reading the container's memory limit", zap.Error(err))
 	} else if soft > 0 {
 		log.Info("Go memory limit set from the container's", zap.Int64("bytes", soft), zap.Float64("fraction", memlimit.Fraction))
+	}
+	// Collect at 50% heap growth, not Go's 100%: the agent's peak is its
+	// live heap times (1 + GOGC/100), and a node agent's memory is the
+	// node's (Calico's Felix defaults to 40). Measured in the TCG VM, agent
+	// alone at 10k Services, peak RSS over cold start and two full passes:
+	// 148 MB at 100, 127 MB at 50, 126 MB at 40; GC's share of the
+	// agent's CPU about 1% (gctrace). GOGC overrides.
+	if pct, fromEnv := memlimit.SetGCPercent(agentGCPercent); fromEnv {
+		log.Info("Go GC target from GOGC", zap.Int("percent", pct))
 	}
 	if cl.ConfigFile != "" {
 		log.Info("configuration file loaded", zap.String("file", cl.ConfigFile), zap.Strings("overriddenByFlags", cl.Overridden))
