@@ -3,6 +3,7 @@ package agentconfig_test
 import (
 	"errors"
 	"flag"
+	"github.com/vsplane/vsplane/internal/configfile"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,12 +13,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vsplane/vsplane/dataplane/agentconfig"
 )
 
-func dur(d time.Duration) metav1.Duration { return metav1.Duration{Duration: d} }
+func dur(d time.Duration) configfile.Duration { return configfile.Duration{Duration: d} }
 
 const head = "apiVersion: config.vsplane.io/v1alpha1\nkind: VsplaneAgentConfiguration\n"
 
@@ -123,7 +123,7 @@ func TestEveryFieldHasAFlag(t *testing.T) {
 	var unchanged []string
 	var walk func(path string, a, b reflect.Value)
 	walk = func(path string, a, b reflect.Value) {
-		if a.Kind() == reflect.Struct && a.Type() != reflect.TypeFor[metav1.Duration]() {
+		if a.Kind() == reflect.Struct && a.Type() != reflect.TypeFor[configfile.Duration]() {
 			for i := range a.NumField() {
 				f := a.Type().Field(i)
 				if f.Anonymous { // TypeMeta

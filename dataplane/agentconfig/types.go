@@ -28,9 +28,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/vsplane/vsplane/internal/configfile"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vsplane/vsplane/dataplane/client"
 	"github.com/vsplane/vsplane/dataplane/inspect"
@@ -47,7 +46,7 @@ const (
 // keep their defaults (Defaults); durations are Go durations ("30s"). Each
 // field's comment names the flag that overrides it.
 type VsplaneAgentConfiguration struct {
-	metav1.TypeMeta `json:",inline"`
+	configfile.TypeMeta `json:",inline"`
 
 	// ControlPlane lists the control-plane replicas' gRPC addresses
 	// (host:port); every reconnect tries another one (--controlplane,
@@ -61,7 +60,7 @@ type VsplaneAgentConfiguration struct {
 	TokenFile string `json:"tokenFile"`
 	// FirstDeltaTimeout: try another replica when one sends no first Delta
 	// within this time (--first-delta-timeout). Default 30s; > 0.
-	FirstDeltaTimeout metav1.Duration `json:"firstDeltaTimeout"`
+	FirstDeltaTimeout configfile.Duration `json:"firstDeltaTimeout"`
 	// MaxRemovalShare: a first Delta after (re)connect that would remove
 	// more than this share of the node's Services is held until the
 	// control plane confirms it (--max-removal-share). Default 0.5; in
@@ -69,11 +68,11 @@ type VsplaneAgentConfiguration struct {
 	MaxRemovalShare float64 `json:"maxRemovalShare"`
 	// RemovalConfirmation is how long such a Delta is held before the
 	// agent asks again (--removal-confirmation). Default 30s; > 0.
-	RemovalConfirmation metav1.Duration `json:"removalConfirmation"`
+	RemovalConfirmation configfile.Duration `json:"removalConfirmation"`
 	// ReconcilePeriod is the period of the full reconcile against the
 	// kernel (--reconcile-period); the control plane's
 	// agentReconcilePeriod, when set, overrides it. Default 30s; > 0.
-	ReconcilePeriod metav1.Duration `json:"reconcilePeriod"`
+	ReconcilePeriod configfile.Duration `json:"reconcilePeriod"`
 	// IPv6: manage IPv6 too: "auto" (when the node has a global IPv6
 	// address), "true" or "false" (--ipv6; the booleans may be written
 	// bare). Default "auto".
@@ -90,16 +89,16 @@ type VsplaneAgentConfiguration struct {
 	HealthzAddress string `json:"healthzAddress"`
 	// ReconnectBackoffMax bounds the reconnect delay
 	// (--reconnect-backoff-max). Default 30s; >= 500ms (the first delay).
-	ReconnectBackoffMax metav1.Duration `json:"reconnectBackoffMax"`
+	ReconnectBackoffMax configfile.Duration `json:"reconnectBackoffMax"`
 	// StateDir keeps the applied state across restarts (a tmpfs); ""
 	// disables (--state-dir). Default "/run/vsplane".
 	StateDir string `json:"stateDir"`
 	// DrainCheckInterval: how often draining TCP real servers are checked
 	// for connections (--drain-check-interval). Default 5s; > 0.
-	DrainCheckInterval metav1.Duration `json:"drainCheckInterval"`
+	DrainCheckInterval configfile.Duration `json:"drainCheckInterval"`
 	// MaxDrain: a draining real server still holding connections this long
 	// is deleted anyway (--max-drain). Default 10m; > 0.
-	MaxDrain metav1.Duration `json:"maxDrain"`
+	MaxDrain configfile.Duration `json:"maxDrain"`
 	// InspectAddress is the read-only inspection endpoint: a loopback
 	// host:port or unix:///absolute/path; "" disables
 	// (--inspect-address). Default "127.0.0.1:10263".
@@ -160,9 +159,9 @@ const MinReconnectBackoffMax = 500 * time.Millisecond
 // Defaults returns the configuration of an empty file (and of no file):
 // the agent's flag defaults.
 func Defaults() VsplaneAgentConfiguration {
-	d := func(v time.Duration) metav1.Duration { return metav1.Duration{Duration: v} }
+	d := func(v time.Duration) configfile.Duration { return configfile.Duration{Duration: v} }
 	return VsplaneAgentConfiguration{
-		TypeMeta:             metav1.TypeMeta{APIVersion: APIVersion, Kind: Kind},
+		TypeMeta:             configfile.TypeMeta{APIVersion: APIVersion, Kind: Kind},
 		TLS:                  TLSConfiguration{CAFile: "/etc/vsplane/tls/ca.crt", ServerName: wire.DefaultServerName},
 		TokenFile:            "/var/run/secrets/vsplane/token",
 		FirstDeltaTimeout:    d(30 * time.Second),

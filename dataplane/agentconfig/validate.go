@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/vsplane/vsplane/internal/configfile"
 )
 
@@ -37,7 +35,7 @@ func (c *VsplaneAgentConfiguration) Validate() error {
 	if c.TokenFile == "" {
 		bad("tokenFile", c.TokenFile, "must not be empty (the control plane authenticates agents by this token)")
 	}
-	positive := func(path string, d metav1.Duration) {
+	positive := func(path string, d configfile.Duration) {
 		if d.Duration <= 0 {
 			bad(path, d.Duration, "must be > 0")
 		}

@@ -15,7 +15,7 @@
 //     names must match exactly, which encoding/json alone does not check),
 //     is an error naming its path ("ipvs.schedulr"), all of them at once
 //     (UnknownFieldError). Types with their own JSON decoding
-//     (json.Unmarshaler, e.g. metav1.Duration) are leaves.
+//     (json.Unmarshaler, e.g. Duration) are leaves.
 //   - Problems collects validation errors worded `path value: reason`
 //     (`ipvs.scheduler "foo": not a known IPVS scheduler`) and returns them
 //     all at once, one per line.
@@ -34,7 +34,6 @@ import (
 	"strings"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -92,7 +91,7 @@ func Read(data []byte, accept ...Type) (*Document, error) {
 	if s := strings.TrimSpace(string(j)); s == "null" || s == "" {
 		return nil, fmt.Errorf("empty file: want %s", want(accept[:min(1, len(accept))]))
 	}
-	var tm metav1.TypeMeta
+	var tm TypeMeta
 	if err := json.Unmarshal(j, &tm); err != nil {
 		return nil, fmt.Errorf("not a configuration object: %w", err)
 	}
@@ -148,7 +147,7 @@ func walkUnknown(v any, t reflect.Type, path string, out *[]string) {
 		t = t.Elem()
 	}
 	if reflect.PointerTo(t).Implements(jsonUnmarshaler) {
-		return // a leaf with its own encoding (metav1.Duration)
+		return // a leaf with its own encoding (Duration, metav1.Duration)
 	}
 	switch t.Kind() {
 	case reflect.Struct:
@@ -252,3 +251,35 @@ func (p Problems) Err() error {
 	}
 	return errors.Join(p...)
 }
+
+// TypeMeta is a configuration file's apiVersion and kind, embedded in a
+// configuration type: the JSON of Kubernetes' metav1.TypeMeta, without
+// linking apimachinery into the binaries that need nothing else of it (the
+// agent: its whole binary is resident, so its size is memory).
+type TypeMeta struct {
+	Kind       string `json:"kind,omitempty"` // metav1's order
+	APIVersion string `json:"apiVersion,omitempty"`
+}
+
+// Duration is a Go duration written as a string ("30s"): the JSON of
+// Kubernetes' metav1.Duration (see TypeMeta for why not that).
+type Duration struct {
+	time.Duration
+}
+
+// UnmarshalJSON reads a string time.ParseDuration accepts.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes the duration's String.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.Duration.String()) }

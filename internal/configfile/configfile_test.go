@@ -1,6 +1,7 @@
 package configfile_test
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"reflect"
@@ -192,5 +193,50 @@ func TestOverlayAndExplicit(t *testing.T) {
 	_ = fs.Parse([]string{"--bit=99999999999"})
 	if err := configfile.Overlay(fs, func(b *flag.FlagSet) { bind(b, &got) }); err == nil || !strings.HasPrefix(err.Error(), "--bit: ") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// TestDurationAndTypeMetaAreMetav1JSON: the agent's own Duration and
+// TypeMeta read and write the JSON of Kubernetes' metav1 types, so files
+// written for either decode the same.
+func TestDurationAndTypeMetaAreMetav1JSON(t *testing.T) {
+	for _, in := range []string{`"30s"`, `"1h2m3.5s"`, `"0s"`, `"-5ms"`, `"x"`, `30`, `null`, `""`} {
+		var ours configfile.Duration
+		var theirs metav1.Duration
+		errOurs, errTheirs := json.Unmarshal([]byte(in), &ours), json.Unmarshal([]byte(in), &theirs)
+		if (errOurs == nil) != (errTheirs == nil) || ours.Duration != theirs.Duration {
+			t.Errorf("decode %s: ours %v, %v; metav1 %v, %v", in, ours.Duration, errOurs, theirs.Duration, errTheirs)
+		}
+		if errOurs != nil {
+			continue
+		}
+		a, _ := json.Marshal(ours)
+		b, _ := json.Marshal(theirs)
+		if string(a) != string(b) {
+			t.Errorf("encode %s: ours %s, metav1 %s", in, a, b)
+		}
+	}
+	doc := []byte(`{"apiVersion":"config.vsplane.io/v1alpha1","kind":"X","every":"5s"}`)
+	var ours struct {
+		configfile.TypeMeta `json:",inline"`
+		Every               configfile.Duration `json:"every"`
+	}
+	var theirs struct {
+		metav1.TypeMeta `json:",inline"`
+		Every           metav1.Duration `json:"every"`
+	}
+	if err := json.Unmarshal(doc, &ours); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(doc, &theirs); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(ours)
+	b, _ := json.Marshal(theirs)
+	if string(a) != string(b) || ours.APIVersion != theirs.APIVersion || ours.Kind != theirs.Kind {
+		t.Errorf("document: ours %s, metav1 %s", a, b)
+	}
+	if u := configfile.UnknownFields(doc, reflect.TypeOf(ours)); len(u) != 0 {
+		t.Errorf("unknown fields %v: the embedded TypeMeta's keys must be known", u)
 	}
 }
