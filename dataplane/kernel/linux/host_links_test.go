@@ -188,6 +188,10 @@ func TestApplyAddressesOnVeth(t *testing.T) {
 			t.Errorf("op %d after a failed exchange: got %v, want an outcome-unknown error", i, err)
 		}
 	}
+	// Reads have their own socket.
+	if got, err := l.BoundAddresses(dev); err != nil || len(got) != len(want) {
+		t.Errorf("bound after the batch socket broke: %d addresses, %v; want %d", len(got), err, len(want))
+	}
 }
 
 // bind and unbind are one-op batches (kernel.Links writes only in batches).

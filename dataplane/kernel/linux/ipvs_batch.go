@@ -45,10 +45,11 @@ const (
 )
 
 // ipvsBatcher writes IPVS objects over its own generic-netlink socket,
-// many requests per syscall (nlBatch). It is used under IPVS.mu.
+// many requests per syscall (nlBatch), and lists the virtual servers over
+// another (reads: ipvs_list.go). It is used under IPVS.mu.
 type ipvsBatcher struct {
-	sock   *nlBatch
-	family uint16
+	sock, reads *nlBatch
+	family      uint16
 }
 
 // newIPVSBatcher opens the socket in the caller's network namespace (like
@@ -62,10 +63,18 @@ func newIPVSBatcher() (*ipvsBatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: %w", err)
 	}
-	return &ipvsBatcher{sock: b, family: fam.ID}, nil
+	r, err := newNLBatch(unix.NETLINK_GENERIC)
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("ipvs: %w", err)
+	}
+	return &ipvsBatcher{sock: b, reads: r, family: fam.ID}, nil
 }
 
-func (b *ipvsBatcher) close() { b.sock.close() }
+func (b *ipvsBatcher) close() {
+	b.sock.close()
+	b.reads.close()
+}
 
 // message appends the generic-netlink request for op to buf.
 func (b *ipvsBatcher) message(op kernel.IPVSOp, buf []byte) ([]byte, uint16, uint16) {

@@ -11,7 +11,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel"
 )
 
-// The virtual server list is read on the batcher's socket with an
+// The virtual server list is read on the batcher's reads socket with an
 // in-place dump (nldump.go) rather than moby's GetServices, which built a
 // Service with statistics for each of 20k servers per full pass at 10k
 // Services. It reads the same attributes moby does, the same way.
@@ -24,7 +24,7 @@ const (
 // listServices dumps every virtual server of the namespace, sorted by key.
 func (b *ipvsBatcher) listServices(sizeHint int) ([]kernel.VirtualServer, error) {
 	out := make([]kernel.VirtualServer, 0, sizeHint)
-	err := b.sock.dump(func(buf []byte) ([]byte, uint16, uint16) {
+	err := b.reads.dump(func(buf []byte) ([]byte, uint16, uint16) {
 		return append(buf, ipvsCmdGetService, ipvsGenlVersion, 0, 0), b.family, unix.NLM_F_DUMP
 	}, func(msg []byte) error {
 		vs, err := parseServiceMsg(msg)

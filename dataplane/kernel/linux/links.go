@@ -21,8 +21,9 @@ import (
 type Links struct {
 	mu sync.Mutex
 	h  *netlink.Handle
-	// batch carries ApplyAddresses: many binds/unbinds per syscall.
-	batch *nlBatch
+	// batch carries ApplyAddresses: many binds/unbinds per syscall; reads
+	// carries BoundAddresses' in-place dumps.
+	batch, reads *nlBatch
 }
 
 var _ kernel.Links = (*Links)(nil)
@@ -42,7 +43,13 @@ func NewLinks() (*Links, error) {
 		h.Close()
 		return nil, fmt.Errorf("links: %w", err)
 	}
-	return &Links{h: h, batch: b}, nil
+	r, err := newNLBatch(unix.NETLINK_ROUTE)
+	if err != nil {
+		h.Close()
+		b.close()
+		return nil, fmt.Errorf("links: %w", err)
+	}
+	return &Links{h: h, batch: b, reads: r}, nil
 }
 
 // Close releases the netlink sockets.
@@ -51,6 +58,7 @@ func (l *Links) Close() {
 	defer l.mu.Unlock()
 	l.h.Close()
 	l.batch.close()
+	l.reads.close()
 }
 
 func validDev(name string) error {
@@ -294,7 +302,7 @@ func (l *Links) BoundAddresses(dev string) ([]netip.Addr, error) {
 // point-to-point link's own end), else IFA_ADDRESS, as AddrList reads it.
 func (l *Links) dumpAddresses(index int) ([]netip.Addr, error) {
 	out := []netip.Addr{}
-	err := l.batch.dump(func(buf []byte) ([]byte, uint16, uint16) {
+	err := l.reads.dump(func(buf []byte) ([]byte, uint16, uint16) {
 		return append(buf, make([]byte, unix.SizeofIfAddrmsg)...), unix.RTM_GETADDR, unix.NLM_F_DUMP
 	}, func(msg []byte) error {
 		if len(msg) < unix.SizeofIfAddrmsg {
