@@ -69,6 +69,8 @@ type pass struct {
 	// flowsWritten are the UDP and SCTP virtual servers the pass wrote
 	// (staleflows.go).
 	flowsWritten map[kernel.VirtualServerKey]struct{}
+	// destScratch is syncDests' map of a server's real servers, reused.
+	destScratch map[kernel.DestinationKey]kernel.Destination
 }
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {
