@@ -226,33 +226,19 @@ func (v *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destinati
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	svc := toService(key)
+	key = key.Normalize()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	ds, err := v.h.GetDestinations(svc)
+	out, err := v.batch.listDestinations(key)
 	if err != nil {
 		return nil, ipvsError("ipvs: list destinations of "+key.String(), err, kernel.ErrNotFound)
 	}
-	if len(ds) == 0 {
+	if len(out) == 0 {
 		// The kernel dumps nothing, without error, for a missing server.
-		if _, err := v.h.GetService(svc); err != nil {
+		if _, err := v.h.GetService(toService(key)); err != nil {
 			return nil, ipvsError("ipvs: list destinations of "+key.String(), err, kernel.ErrNotFound)
 		}
-	}
-	out := make([]kernel.Destination, 0, len(ds))
-	for _, d := range ds {
-		a, ok := netip.AddrFromSlice(d.Address)
-		if !ok {
-			return nil, fmt.Errorf("ipvs: kernel returned destination with bad address %v", d.Address)
-		}
-		out = append(out, kernel.Destination{
-			Address:      a.Unmap(),
-			Port:         d.Port,
-			Weight:       d.Weight,
-			Forward:      kernel.ForwardMethod(d.ConnectionFlags & ipvs.ConnFwdMask),
-			ActiveConn:   uint32(d.ActiveConnections),
-			InactiveConn: uint32(d.InactiveConnections),
-		})
+		return []kernel.Destination{}, nil
 	}
 	slices.SortFunc(out, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
 	return out, nil
