@@ -54,6 +54,9 @@ func drainSetup(t *testing.T, cfg Config) (*memory.Kernel, *Reconciler, *clock) 
 	mk := memory.New()
 	c := newClock()
 	cfg.Now = c.Now
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = -1 // these tests read nextWake for drains alone
+	}
 	r := newReconciler(t, mk, cfg)
 	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), svcB.resource())))
 	return mk, r, c

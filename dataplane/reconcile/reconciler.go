@@ -75,6 +75,10 @@ type Config struct {
 	// this long after its drain started is deleted (default 10 min;
 	// kube-proxy has no bound).
 	MaxDrain time.Duration
+	// ProbeInterval is how often, between full reconciles, a sentinel
+	// virtual server and the managed sets are checked for outside drift
+	// (probe.go; default 5s, negative disables).
+	ProbeInterval time.Duration
 
 	// Schedulers are the IPVS schedulers virtual servers and the node
 	// default may name (the list the agent reports in Hello). Empty: read
@@ -116,6 +120,7 @@ type Reconciler struct {
 	known      knownKernel     // what the kernel holds (known.go)
 	status     resourceStatus  // applied / failed / recovered (status.go)
 	full       fullSchedule    // first Delta seen, last full reconcile (full.go)
+	probe      driftProbe      // between full reconciles (probe.go)
 	retry      retryBackoff    // (retry.go)
 	drains     drainSet        // (drain.go)
 	rendered   renderMemo      // the last iptables renderings (iptables.go)
@@ -143,6 +148,9 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 	}
 	if cfg.MaxDrain == 0 {
 		cfg.MaxDrain = 10 * time.Minute
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = 5 * time.Second
 	}
 	if cfg.Period == 0 {
 		cfg.Period = wire.DefaultReconcilePeriod

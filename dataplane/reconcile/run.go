@@ -7,8 +7,8 @@ import (
 
 // Run is the loop that runs, without a Delta, what is due: the periodic
 // full reconcile or a retry (both Reconcile, full.go) and the drain check
-// (CheckDrains, drain.go), and a full reconcile soon after a wanted
-// address was removed (addrwatch.go). It sleeps until the earliest
+// (CheckDrains, drain.go), a full reconcile soon after a wanted address
+// was removed (addrwatch.go), and the drift probe (probe.go). It sleeps until the earliest
 // deadline; Apply, the drains and AddressRemoved wake it.
 
 // Run runs the periodic full reconcile (and retries) until ctx ends.
@@ -27,6 +27,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 		if r.due() {
 			r.Reconcile(ctx)
+		}
+		if r.probeDue() {
+			r.runProbe(ctx)
 		}
 		if r.drainDue() {
 			r.CheckDrains(ctx)
@@ -62,6 +65,9 @@ func (r *Reconciler) nextWake() time.Duration {
 	}
 	if !r.full.soon.IsZero() && r.full.soon.Before(next) {
 		next = r.full.soon
+	}
+	if !r.probe.next.IsZero() && r.probe.next.Before(next) {
+		next = r.probe.next
 	}
 	return max(next.Sub(now), 0)
 }

@@ -1,0 +1,122 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/vsplane/vsplane/dataplane/kernel"
+)
+
+// Drift probe. Outside drift is found by the full pass, every period (30 s
+// by default); a flushed IPVS table (ipvsadm -C) or a destroyed or
+// re-created set broke every Service of the node until then. Every
+// Config.ProbeInterval (default 5 s) Run makes two small reads instead:
+// one sentinel virtual server, which the last full pass left in the kernel
+// and something still wants, and the managed sets' headers. When the
+// sentinel is gone, or a set the reconciler knows as right is missing or
+// of another kind, a full pass runs at once. A removed address wakes one
+// already (addrwatch.go). What the probe cannot see (one server's real
+// servers, a set's entries, a chain) waits for the period, as before.
+//
+// The probe compares with what the last full pass found, not with the
+// desired state: drift the pass cannot repair (a set of another type it
+// does not replace) is reported by that pass and does not run a pass per
+// probe. Its cost: one netlink get and one set-header dump per interval.
+
+// driftProbe is the probe's schedule and its sentinel.
+type driftProbe struct {
+	next     time.Time               // zero: not scheduled (before the first Delta)
+	sentinel kernel.VirtualServerKey // zero: none (no wanted server was left in place)
+	// runs counts probes, hits those that found drift (each ran a full
+	// pass).
+	runs, hits uint64
+}
+
+// chooseSentinel picks, after a full comparison of keys, the first wanted
+// server whose owners had no error in p: it is in the kernel now. It
+// schedules the next probe.
+func (r *Reconciler) chooseSentinel(p *pass, keys map[kernel.VirtualServerKey][]string) {
+	r.probe.next = time.Time{}
+	if r.cfg.ProbeInterval > 0 {
+		r.probe.next = r.cfg.Now().Add(r.cfg.ProbeInterval)
+	}
+	r.probe.sentinel = kernel.VirtualServerKey{}
+	for _, key := range sortedKeys(keys, kernel.VirtualServerKey.Compare) {
+		owners := r.desired.vsOwners[key]
+		if len(owners) > 0 && !slices.ContainsFunc(owners, func(n string) bool { return len(p.errs[n]) > 0 }) {
+			r.probe.sentinel = key
+			return
+		}
+	}
+}
+
+// probeDrift reads the sentinel and the managed sets' headers and returns
+// what drifted ("" for nothing). It holds mu: a Delta's writes cannot
+// pass the read.
+func (r *Reconciler) probeDrift() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.full.synced {
+		return ""
+	}
+	if key := r.probe.sentinel; key != (kernel.VirtualServerKey{}) && len(r.desired.vsOwners[key]) > 0 {
+		if _, err := r.k.IPVS.GetVirtualServer(key); errors.Is(err, kernel.ErrNotFound) {
+			return "virtual server " + key.String() + " is gone"
+		}
+	}
+	if r.known.sets == nil {
+		return "" // unknown since a failed pass: the next full pass lists them
+	}
+	list, err := r.k.IPSets.ListSets()
+	if err != nil {
+		return "" // a read error is the full pass's to report
+	}
+	have := make(map[string]kernel.IPSet, len(list))
+	for _, s := range list {
+		have[s.Name] = s
+	}
+	for _, ref := range r.families.managedSets() {
+		spec := ref.spec()
+		known, ok := r.known.sets[spec.Name]
+		if !ok || !known.SameAs(spec) {
+			// Not right at the last pass, which reported it (such a pass
+			// has an error and leaves the sets unknown, so this is
+			// defensive).
+			continue
+		}
+		if cur, ok := have[spec.Name]; !ok {
+			return "ipset " + spec.Name + " is gone"
+		} else if !cur.SameAs(spec) {
+			return "ipset " + spec.Name + " was re-created as " + string(cur.Type)
+		}
+	}
+	return ""
+}
+
+// runProbe runs a due probe and, when it finds drift, a full pass.
+func (r *Reconciler) runProbe(ctx context.Context) {
+	r.mu.Lock()
+	r.probe.next = r.cfg.Now().Add(r.cfg.ProbeInterval)
+	r.probe.runs++
+	r.mu.Unlock()
+	drift := r.probeDrift()
+	if drift == "" {
+		return
+	}
+	r.mu.Lock()
+	r.probe.hits++
+	r.mu.Unlock()
+	r.log.Info("drift probe: running a full reconcile now", zap.String("drift", drift))
+	r.Reconcile(ctx)
+}
+
+// probeDue: the probe is scheduled and its time has come.
+func (r *Reconciler) probeDue() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.full.synced && !r.probe.next.IsZero() && !r.cfg.Now().Before(r.probe.next)
+}
