@@ -100,7 +100,10 @@ func TestAgentImageInVM(t *testing.T) {
 	}
 
 	// Each agent process: its root is the image, its environment the image's.
-	out, err = c.VM.RunOK(ctx, `for p in $(pidof vsplane-agent); do echo "pid $p root $(readlink /proc/$p/root) node $(tr '\0' ' ' < /proc/$p/cmdline | sed 's/.*--node-name \([^ ]*\).*/\1/') env $(tr '\0' ' ' < /proc/$p/environ)"; done`)
+	// pidof also names a child the agent is forking (an iptables-restore
+	// caught between fork and exec, CI 2026-12-06): only processes with a
+	// --node-name are agents.
+	out, err = c.VM.RunOK(ctx, `for p in $(pidof vsplane-agent); do grep -qa -- --node-name /proc/$p/cmdline || continue; echo "pid $p root $(readlink /proc/$p/root) node $(tr '\0' ' ' < /proc/$p/cmdline | sed 's/.*--node-name \([^ ]*\).*/\1/') env $(tr '\0' ' ' < /proc/$p/environ)"; done`)
 	if err != nil {
 		t.Fatal(err)
 	}
