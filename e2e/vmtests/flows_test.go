@@ -204,6 +204,27 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// kube-proxy writes IPVS during its sync and its ipsets and iptables
+	// rules at the end of it. An outside NodePort or external-IP UDP flow
+	// started in between is masqueraded by no rule, its reply bypasses
+	// node1, and its conntrack entry (one source port, refreshed by every
+	// attempt) keeps that for good: both kube-proxy outside UDP flows
+	// "never worked" in a CI run of 2026-12-06. Start once kube-proxy's
+	// rules match its NodePort and external-IP sets.
+	if err := cluster.Await(ctx, 2*time.Minute, 500*time.Millisecond, func(ctx context.Context) error {
+		out, err := c.RunInNode(ctx, kp, "iptables-save -t nat")
+		if err != nil {
+			return err
+		}
+		for _, set := range []string{"KUBE-NODE-PORT-UDP", "KUBE-NODE-PORT-SCTP-HASH", "KUBE-EXTERNAL-IP"} {
+			if !strings.Contains(out, "--match-set "+set+" ") {
+				return fmt.Errorf("kube-proxy's nat rules do not match %s yet", set)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("kube-proxy's rules for the outside flows: %v", err)
+	}
 	m.start(t)
 	t.Cleanup(func() { m.stop() })
 
