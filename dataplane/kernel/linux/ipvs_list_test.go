@@ -53,12 +53,12 @@ func TestParseServiceMsg(t *testing.T) {
 		want kernel.VirtualServer
 	}{
 		"IPv4 TCP": {
-			serviceReply(unix.AF_INET, unix.IPPROTO_TCP, []byte{10, 96, 0, 1}, 80, 0, "rr", 0, 0, v4mask(32)),
-			kernel.VirtualServer{Key: kernel.AddrKey(a("10.96.0.1"), kernel.ProtocolTCP, 80), Scheduler: "rr"},
+			serviceReply(unix.AF_INET, unix.IPPROTO_TCP, []byte{198, 18, 96, 1}, 80, 0, "rr", 0, 0, v4mask(32)),
+			kernel.VirtualServer{Key: kernel.AddrKey(a("198.18.96.1"), kernel.ProtocolTCP, 80), Scheduler: "rr"},
 		},
 		"IPv4 UDP persistent /24": {
-			serviceReply(unix.AF_INET, unix.IPPROTO_UDP, []byte{10, 96, 0, 2}, 53, 0, "wrr", uint32(kernel.FlagPersistent), 10800, v4mask(24)),
-			kernel.VirtualServer{Key: kernel.AddrKey(a("10.96.0.2"), kernel.ProtocolUDP, 53), Scheduler: "wrr",
+			serviceReply(unix.AF_INET, unix.IPPROTO_UDP, []byte{198, 18, 96, 2}, 53, 0, "wrr", uint32(kernel.FlagPersistent), 10800, v4mask(24)),
+			kernel.VirtualServer{Key: kernel.AddrKey(a("198.18.96.2"), kernel.ProtocolUDP, 53), Scheduler: "wrr",
 				Flags: kernel.FlagPersistent, Timeout: 10800, Netmask: 24},
 		},
 		"IPv6 SCTP": {
@@ -83,12 +83,12 @@ func TestParseServiceMsg(t *testing.T) {
 
 // TestParseServiceMsgRejects: a reply it cannot read fails the list.
 func TestParseServiceMsgRejects(t *testing.T) {
-	good := serviceReply(unix.AF_INET, unix.IPPROTO_TCP, []byte{10, 96, 0, 1}, 80, 0, "rr", 0, 0, 0xffffffff)
+	good := serviceReply(unix.AF_INET, unix.IPPROTO_TCP, []byte{198, 18, 96, 1}, 80, 0, "rr", 0, 0, 0xffffffff)
 	noService := []byte{ipvsCmdNewService, ipvsGenlVersion, 0, 0}
 	noService = nlaU32(noService, 2, 1) // IPVS_CMD_ATTR_DEST only
 	badLen := append([]byte(nil), good...)
 	binary.NativeEndian.PutUint16(badLen[4:], uint16(len(good))) // nest longer than the message
-	badAF := serviceReply(99, unix.IPPROTO_TCP, []byte{10, 96, 0, 1}, 80, 0, "rr", 0, 0, 0)
+	badAF := serviceReply(99, unix.IPPROTO_TCP, []byte{198, 18, 96, 1}, 80, 0, "rr", 0, 0, 0)
 	shortAddr := []byte{ipvsCmdNewService, ipvsGenlVersion, 0, 0}
 	shortAddr, nest := nlaNest(shortAddr, ipvsCmdAttrService)
 	shortAddr = nlaU16(shortAddr, ipvsSvcAttrAF, unix.AF_INET6)
@@ -142,10 +142,10 @@ func TestParseDestMsg(t *testing.T) {
 		svc  kernel.Family
 		want kernel.Destination
 	}{
-		"IPv4 masq with connections": {destReply(unix.AF_INET, []byte{10, 0, 1, 2}, 8080, 0, 1, 3, 17), kernel.FamilyIPv4,
-			kernel.Destination{Address: a("10.0.1.2"), Port: 8080, Weight: 1, Forward: kernel.ForwardMasq, ActiveConn: 3, InactiveConn: 17}},
-		"draining, direct route, flag bits above the method": {destReply(unix.AF_INET, []byte{10, 0, 1, 3}, 80, 0x0100|uint32(kernel.ForwardDirectRoute), 0, 1, 0), kernel.FamilyIPv4,
-			kernel.Destination{Address: a("10.0.1.3"), Port: 80, Weight: 0, Forward: kernel.ForwardDirectRoute, ActiveConn: 1}},
+		"IPv4 masq with connections": {destReply(unix.AF_INET, []byte{198, 19, 1, 2}, 8080, 0, 1, 3, 17), kernel.FamilyIPv4,
+			kernel.Destination{Address: a("198.19.1.2"), Port: 8080, Weight: 1, Forward: kernel.ForwardMasq, ActiveConn: 3, InactiveConn: 17}},
+		"draining, direct route, flag bits above the method": {destReply(unix.AF_INET, []byte{198, 19, 1, 3}, 80, 0x0100|uint32(kernel.ForwardDirectRoute), 0, 1, 0), kernel.FamilyIPv4,
+			kernel.Destination{Address: a("198.19.1.3"), Port: 80, Weight: 0, Forward: kernel.ForwardDirectRoute, ActiveConn: 1}},
 		"IPv4 real server of an IPv6 server": {destReply(unix.AF_INET, []byte{198, 19, 1, 5}, 8443, uint32(kernel.ForwardLocal), 65535, 0, 0), kernel.FamilyIPv6,
 			kernel.Destination{Address: a("198.19.1.5"), Port: 8443, Weight: 65535, Forward: kernel.ForwardLocal}},
 		"IPv6 tunnel": {destReply(unix.AF_INET6, a("fd00::7").AsSlice(), 53, uint32(kernel.ForwardTunnel), 2, 0, 1), kernel.FamilyIPv6,
@@ -166,7 +166,7 @@ func TestParseDestMsg(t *testing.T) {
 
 // TestParseDestMsgRejects: a reply it cannot read fails the list.
 func TestParseDestMsgRejects(t *testing.T) {
-	good := destReply(unix.AF_INET, []byte{10, 0, 1, 2}, 8080, 0, 1, 0, 0)
+	good := destReply(unix.AF_INET, []byte{198, 19, 1, 2}, 8080, 0, 1, 0, 0)
 	noDest := []byte{ipvsCmdNewDest, ipvsGenlVersion, 0, 0}
 	noDest = nlaU32(noDest, ipvsCmdAttrService, 1)
 	shortPort := []byte{ipvsCmdNewDest, ipvsGenlVersion, 0, 0}
@@ -182,7 +182,7 @@ func TestParseDestMsgRejects(t *testing.T) {
 	for name, msg := range map[string][]byte{
 		"short":              good[:3],
 		"no destination":     noDest,
-		"unknown family":     destReply(99, []byte{10, 0, 1, 2}, 80, 0, 1, 0, 0),
+		"unknown family":     destReply(99, []byte{198, 19, 1, 2}, 80, 0, 1, 0, 0),
 		"truncated":          good[:len(good)-16],
 		"short IPv6 address": shortAddr,
 		"short port":         shortPort,

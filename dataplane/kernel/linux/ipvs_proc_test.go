@@ -118,9 +118,9 @@ func TestParseProcIPVSStreams(t *testing.T) {
 	var b strings.Builder
 	b.WriteString(header)
 	for i := range servers {
-		fmt.Fprintf(&b, "TCP  0A%06X:0050 rr\n", i)
+		fmt.Fprintf(&b, "TCP  C612%04X:0050 rr\n", i) // 198.18.x.y
 		for j := range dests {
-			fmt.Fprintf(&b, "  -> 0B%04X%02X:1F90      Masq    1      0          0         \n", i, j)
+			fmt.Fprintf(&b, "  -> C613%04X:1F90      Masq    1      0          0         \n", i*dests+j) // 198.19.x.y
 		}
 	}
 	text := b.String()
@@ -135,8 +135,8 @@ func TestParseProcIPVSStreams(t *testing.T) {
 	if len(out) != servers || n != servers*dests {
 		t.Fatalf("parsed %d servers, %d destinations; want %d, %d", len(out), n, servers, servers*dests)
 	}
-	first := kernel.AddrKey(netip.MustParseAddr("10.0.0.0"), kernel.ProtocolTCP, 80)
-	second := kernel.AddrKey(netip.MustParseAddr("10.0.0.1"), kernel.ProtocolTCP, 80)
+	first := kernel.AddrKey(netip.MustParseAddr("198.18.0.0"), kernel.ProtocolTCP, 80)
+	second := kernel.AddrKey(netip.MustParseAddr("198.18.0.1"), kernel.ProtocolTCP, 80)
 	before := out[second][0]
 	_ = append(out[first], kernel.Destination{Port: 1})
 	if out[second][0] != before || cap(out[first]) != dests {
