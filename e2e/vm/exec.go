@@ -50,7 +50,7 @@ func (v *VM) call(ctx context.Context, req wire.Request) (wire.Response, error) 
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", v.execAddr)
 	if err != nil {
-		return resp, fmt.Errorf("dial vmexec: %w", err)
+		return resp, fmt.Errorf("dial vmexec: %w%s", err, v.guestState())
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -59,18 +59,35 @@ func (v *VM) call(ctx context.Context, req wire.Request) (wire.Response, error) 
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
 	defer stop()
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return resp, fmt.Errorf("send to vmexec: %w", err)
+		return resp, fmt.Errorf("send to vmexec: %w%s", err, v.guestState())
 	}
 	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
 		if ctx.Err() != nil {
 			return resp, fmt.Errorf("vmexec %s: %w", req.Op, ctx.Err())
 		}
-		return resp, fmt.Errorf("read from vmexec: %w", err)
+		return resp, fmt.Errorf("read from vmexec: %w%s", err, v.guestState())
 	}
 	if resp.Error != "" {
 		return resp, fmt.Errorf("vmexec %s: %s", req.Op, resp.Error)
 	}
 	return resp, nil
+}
+
+// guestState says, for a transport error, whether QEMU is still running and
+// what the guest's console ended with: a guest kernel panic (QEMU runs with
+// -no-reboot, so it exits), a crashed vmexec (respawned by init) and a guest
+// that stopped answering look alike from the host socket alone.
+func (v *VM) guestState() string {
+	if v.exited == nil {
+		return ""
+	}
+	state := "QEMU still running"
+	select {
+	case <-v.exited:
+		state = fmt.Sprintf("QEMU has exited (%v)", v.waitErr)
+	default:
+	}
+	return fmt.Sprintf("\n%s; guest console ends:\n%s", state, v.ConsoleTail(30))
 }
 
 // guestTimeout is the time left in ctx (DefaultCmdTimeout without a deadline),

@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,5 +84,41 @@ func TestOptionsRejectBadDisksAndForwards(t *testing.T) {
 		if err := o.defaults(); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// A vmexec connection that breaks says whether QEMU is gone and quotes the
+// console, where a guest kernel panic would show.
+func TestTransportErrorQuotesConsole(t *testing.T) {
+	dir := t.TempDir()
+	console := filepath.Join(dir, "console.log")
+	if err := os.WriteFile(console, []byte("booting\nKernel panic - not syncing: Attempted to kill init!\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // accept, then close without answering
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	defer ln.Close()
+	v := &VM{execAddr: ln.Addr().String(), console: console, exited: make(chan struct{})}
+
+	_, err = v.Run(context.Background(), "true")
+	if err == nil || !strings.Contains(err.Error(), "QEMU still running") || !strings.Contains(err.Error(), "Kernel panic") {
+		t.Fatalf("running QEMU: got %v", err)
+	}
+	v.waitErr = errors.New("exit status 0")
+	close(v.exited)
+	_, err = v.Run(context.Background(), "true")
+	if err == nil || !strings.Contains(err.Error(), "QEMU has exited (exit status 0)") {
+		t.Fatalf("exited QEMU: got %v", err)
 	}
 }
