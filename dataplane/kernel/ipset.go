@@ -228,6 +228,9 @@ func (e Entry) Format(t SetType) string {
 //     tests and the contract suite's clean-up).
 //   - Reads return normalized values; ListSets sorted by name, ListEntries
 //     in no particular order.
+//   - EntryCounts is every set's number of entries, read from the sets'
+//     headers without listing an entry (the drift probe's cheap check); a
+//     set whose header has no count (a kernel before ~4.10) is left out.
 //   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
 //     ErrInvalid, the kernel is not called.
 //   - Safe for concurrent use.
@@ -236,6 +239,7 @@ type IPSets interface {
 	ApplyEntries(ops []EntryOp) []error
 	ListSets() ([]IPSet, error)
 	ListEntries(name string) ([]Entry, error)
+	EntryCounts() (map[string]int, error)
 }
 
 // EntryOpKind names the write an EntryOp performs.

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -14,18 +15,20 @@ import (
 // Drift probe. Outside drift is found by the full pass, every period (30 s
 // by default); a flushed IPVS table (ipvsadm -C) or a destroyed or
 // re-created set broke every Service of the node until then. Every
-// Config.ProbeInterval (default 5 s) Run makes two small reads instead:
-// one sentinel virtual server, which the last full pass left in the kernel
-// and something still wants, and the managed sets' headers. When the
-// sentinel is gone, or a set the reconciler knows as right is missing or
-// of another kind, a full pass runs at once. A removed address wakes one
-// already (addrwatch.go). What the probe cannot see (one server's real
-// servers, a set's entries, a chain) waits for the period, as before.
+// Config.ProbeInterval (default 5 s) Run makes small reads instead: one
+// sentinel virtual server, which the last full pass left in the kernel and
+// something still wants, and the headers of the sets (type and entry
+// count). When the sentinel is gone, a set the reconciler knows as right
+// is missing or of another kind, or a set holds another number of entries
+// than the agent wrote (ipset flush, an entry deleted or added by hand), a
+// full pass runs at once. A removed address wakes one already
+// (addrwatch.go). What the probe cannot see (one server's real servers, an
+// entry swapped for another, a chain) waits for the period, as before.
 //
 // The probe compares with what the last full pass found, not with the
 // desired state: drift the pass cannot repair (a set of another type it
 // does not replace) is reported by that pass and does not run a pass per
-// probe. Its cost: one netlink get and one set-header dump per interval.
+// probe. Its cost: one netlink get and two set-header dumps per interval.
 
 // driftProbe is the probe's schedule and its sentinel.
 type driftProbe struct {
@@ -92,6 +95,32 @@ func (r *Reconciler) probeDrift() string {
 			return "ipset " + spec.Name + " is gone"
 		} else if !cur.SameAs(spec) {
 			return "ipset " + spec.Name + " was re-created as " + string(cur.Type)
+		}
+	}
+	return r.probeSetCounts()
+}
+
+// probeSetCounts compares every managed set's entry count (its header)
+// with the entries the reconciler knows it holds: a flushed set, a
+// deleted entry or one added by hand differ. Sets whose entries are
+// unknown (not listed since the last failed pass) are skipped. Caller
+// holds mu.
+func (r *Reconciler) probeSetCounts() string {
+	if len(r.known.setEntries) == 0 {
+		return ""
+	}
+	counts, err := r.k.IPSets.EntryCounts()
+	if err != nil {
+		return ""
+	}
+	for _, ref := range r.families.managedSets() {
+		name := ref.name()
+		known, ok := r.known.setEntries[name]
+		if !ok {
+			continue
+		}
+		if n, ok := counts[name]; ok && n != len(known) {
+			return fmt.Sprintf("ipset %s holds %d entries, the agent wrote %d", name, n, len(known))
 		}
 	}
 	return ""

@@ -45,8 +45,9 @@ func awaitProbe(t *testing.T, r *Reconciler, what string, cond func() bool) {
 }
 
 // TestDriftProbeRepairsBeforePeriod: with the period an hour away, a
-// flushed IPVS table and a destroyed set are each found by the probe and
-// repaired by the full pass it runs, one pass per drift.
+// flushed IPVS table, a destroyed set, a flushed set and a deleted entry
+// are each found by the probe and repaired by the full pass it runs, one
+// pass per drift.
 func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 	mk := memory.New()
 	k := mk.Kernel()
@@ -87,6 +88,32 @@ func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("%s not re-created by the pass the probe ran", name)
+	}
+
+	// ipset flush KUBE-CLUSTER-IP, then one entry deleted by hand: the
+	// headers' entry counts differ from what the agent wrote.
+	cip := rules.SetClusterIP.Name(kernel.FamilyIPv4)
+	want, err := k.IPSets.ListEntries(cip)
+	if err != nil || len(want) < 2 {
+		t.Fatalf("%s holds %d entries (%v), want 2 or more", cip, len(want), err)
+	}
+	if err := k.IPSets.(*memory.IPSets).FlushSet(cip); err != nil {
+		t.Fatal(err)
+	}
+	awaitProbe(t, r, "flushed set refilled", func() bool { return r.probe.hits == 3 })
+	if got, err := k.IPSets.ListEntries(cip); err != nil || len(got) != len(want) {
+		t.Errorf("%s holds %d entries (%v) after the probe's pass, want %d", cip, len(got), err, len(want))
+	}
+	set := kernel.IPSet{Name: cip, Type: kernel.HashIPPort, Family: kernel.FamilyIPv4}
+	if errs := k.IPSets.ApplyEntries([]kernel.EntryOp{{Kind: kernel.DelEntry, Set: set, Entry: want[0]}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	awaitProbe(t, r, "deleted entry re-added", func() bool { return r.probe.hits == 4 })
+	if got, err := k.IPSets.ListEntries(cip); err != nil || len(got) != len(want) {
+		t.Errorf("%s holds %d entries (%v) after the probe's pass, want %d", cip, len(got), err, len(want))
+	}
+	if n := r.Stats().FullReconciles - before; n != 4 {
+		t.Errorf("%d full reconciles after four drifts, want 4", n)
 	}
 }
 

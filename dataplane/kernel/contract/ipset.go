@@ -449,6 +449,13 @@ func wantEntries(t *testing.T, s kernel.IPSets, set kernel.IPSet, want []kernel.
 	}
 	slices.Sort(g)
 	slices.Sort(w)
+	// The header's count agrees with the listing (the kernels the suite
+	// runs on, 4.10 and later, all report it).
+	counts, err := s.EntryCounts()
+	must(t, err, "entry counts")
+	if n, ok := counts[set.Name]; !ok || n != len(g) {
+		t.Errorf("EntryCounts of %s: %d (reported: %v), its listing has %d", set.Name, n, ok, len(g))
+	}
 	if !slices.Equal(g, w) {
 		if len(g) > 20 || len(w) > 20 {
 			t.Fatalf("entries of %s: got %d, want %d (first got %v, first want %v)", set.Name, len(g), len(w), g[:min(3, len(g))], w[:min(3, len(w))])

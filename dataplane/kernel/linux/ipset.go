@@ -372,6 +372,22 @@ func (h *IPSets) ListSets() ([]kernel.IPSet, error) {
 	return out, nil
 }
 
+func (h *IPSets) EntryCounts() (map[string]int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sets, err := h.list("", true, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(sets))
+	for _, s := range sets {
+		if s.elements >= 0 {
+			out[s.set.Name] = s.elements
+		}
+	}
+	return out, nil
+}
+
 func (h *IPSets) ListEntries(name string) ([]kernel.Entry, error) {
 	if name == "" || len(name) > kernel.MaxSetNameLen {
 		return nil, fmt.Errorf("ipset name %q must be 1..%d bytes: %w", name, kernel.MaxSetNameLen, kernel.ErrInvalid)

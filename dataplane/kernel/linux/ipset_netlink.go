@@ -231,6 +231,8 @@ type setHeader struct {
 	set      kernel.IPSet
 	revision uint8
 	refs     uint32
+	// elements is the set's entry count; -1 when the header has none.
+	elements int
 }
 
 // decodeListMessage parses one IPSET_CMD_LIST reply message: the header
@@ -243,7 +245,7 @@ func decodeListMessage(msg []byte) (name string, hdr *setHeader, entries [][]byt
 	if err != nil {
 		return "", nil, nil, err
 	}
-	h := &setHeader{}
+	h := &setHeader{elements: -1}
 	var hasHeader bool
 	for _, a := range attrs {
 		switch a.Type {
@@ -276,6 +278,8 @@ func decodeListMessage(msg []byte) (name string, hdr *setHeader, entries [][]byt
 					h.set.Comments = attrU32(d.Value)&nl.IPSET_FLAG_WITH_COMMENT != 0
 				case nl.IPSET_ATTR_REFERENCES:
 					h.refs = attrU32(d.Value)
+				case nl.IPSET_ATTR_ELEMENTS:
+					h.elements = int(attrU32(d.Value))
 				}
 			}
 		case nl.IPSET_ATTR_ADT:

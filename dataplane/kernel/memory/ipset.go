@@ -166,6 +166,17 @@ func (m *IPSets) ListSets() ([]kernel.IPSet, error) {
 	return out, nil
 }
 
+func (m *IPSets) EntryCounts() (map[string]int, error) {
+	k := m.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[string]int, len(k.sets))
+	for name, s := range k.sets {
+		out[name] = len(s.entries)
+	}
+	return out, nil
+}
+
 func (m *IPSets) ListEntries(name string) ([]kernel.Entry, error) {
 	if err := validSetName(name); err != nil {
 		return nil, err
