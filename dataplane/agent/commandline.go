@@ -28,10 +28,14 @@ func FromCommandLine(cl *agentconfig.CommandLine, log *zap.Logger) (cfg Config, 
 	case agentconfig.IPv6True:
 		families = append(families, kernel.FamilyIPv6)
 	}
+	probe := c.DriftProbeInterval.Duration
+	if probe == 0 {
+		probe = -1 // reconcile.Config: negative disables, 0 is the default
+	}
 	cfg = Config{
 		ControlPlane: c.ControlPlane,
 		NodeName:     cl.NodeName,
-		Reconcile: reconcile.Config{Period: c.ReconcilePeriod.Duration, Families: families,
+		Reconcile: reconcile.Config{Period: c.ReconcilePeriod.Duration, ProbeInterval: probe, Families: families,
 			DrainCheckInterval: c.DrainCheckInterval.Duration, MaxDrain: c.MaxDrain.Duration},
 		DetectIPv6:           detect,
 		BackoffMax:           c.ReconnectBackoffMax.Duration,

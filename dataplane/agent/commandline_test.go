@@ -46,7 +46,7 @@ func TestFromCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := agentCommandLine(t, "--controlplane=198.18.1.11:18000, 198.18.1.12:18000", "--tls-ca-file="+files.CA,
-		"--token-file=/t", "--reconcile-period=1m", "--drain-check-interval=2s", "--max-drain=3m", "--reconnect-backoff-max=4s",
+		"--token-file=/t", "--reconcile-period=1m", "--drift-probe-interval=7s", "--drain-check-interval=2s", "--max-drain=3m", "--reconnect-backoff-max=4s",
 		"--first-delta-timeout=5s", "--max-removal-share=0.25", "--removal-confirmation=6s", "--state-dir=/s",
 		"--health-check-node-ports=false", "--ipv6=true", "--metrics-address=127.0.0.1:0", "--healthz-address=127.0.0.1:0",
 		"--inspect-address=127.0.0.1:0")
@@ -62,7 +62,7 @@ func TestFromCommandLine(t *testing.T) {
 		t.Errorf("node %q, TLS %v, token %q", cfg.NodeName, cfg.TLS, cfg.TokenFile)
 	}
 	r := cfg.Reconcile
-	if r.Period != time.Minute || r.DrainCheckInterval != 2*time.Second || r.MaxDrain != 3*time.Minute ||
+	if r.Period != time.Minute || r.ProbeInterval != 7*time.Second || r.DrainCheckInterval != 2*time.Second || r.MaxDrain != 3*time.Minute ||
 		!cmp.Equal(r.Families, []kernel.Family{kernel.FamilyIPv4, kernel.FamilyIPv6}) || cfg.DetectIPv6 {
 		t.Errorf("reconcile %+v, detect IPv6 %v", r, cfg.DetectIPv6)
 	}
@@ -79,10 +79,13 @@ func TestFromCommandLine(t *testing.T) {
 		families []kernel.Family
 	}{"auto": {true, []kernel.Family{kernel.FamilyIPv4}}, "false": {false, []kernel.Family{kernel.FamilyIPv4}}} {
 		cl := agentCommandLine(t, "--controlplane=127.0.0.1:1", "--insecure-plaintext", "--ipv6="+ipv6,
-			"--metrics-address=", "--healthz-address=", "--inspect-address=")
+			"--metrics-address=", "--healthz-address=", "--inspect-address=", "--drift-probe-interval=0")
 		cfg, err := FromCommandLine(cl, nil)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if cfg.Reconcile.ProbeInterval >= 0 {
+			t.Errorf("--drift-probe-interval=0: reconcile.Config.ProbeInterval %v, want negative (disabled)", cfg.Reconcile.ProbeInterval)
 		}
 		if cfg.DetectIPv6 != want.detect || !cmp.Equal(cfg.Reconcile.Families, want.families) || cfg.TLS != nil || cfg.TokenFile != "" ||
 			cfg.MetricsListener != nil || cfg.HealthzListener != nil || cfg.InspectListener != nil {

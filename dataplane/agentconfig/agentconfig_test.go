@@ -40,6 +40,7 @@ var historicFlags = map[string]string{
 	"state-dir":               "/run/vsplane",
 	"debug":                   "false",
 	"drain-check-interval":    "5s",
+	"drift-probe-interval":    "5s",
 	"inspect-address":         "127.0.0.1:10263",
 	"max-drain":               "10m0s",
 	"health-check-node-ports": "true",
@@ -97,7 +98,7 @@ func TestEveryFieldHasAFlag(t *testing.T) {
 		"first-delta-timeout": "1s", "max-removal-share": "0.25", "removal-confirmation": "2s", "reconcile-period": "3s",
 		"ipv6": "false", "metrics-address": "127.0.0.1:1", "healthz-address": "", "reconnect-backoff-max": "4s",
 		"state-dir": "", "debug": "true", "drain-check-interval": "6s", "inspect-address": "unix:///run/i.sock",
-		"max-drain": "7s", "health-check-node-ports": "false", "profiling": "true",
+		"max-drain": "7s", "health-check-node-ports": "false", "profiling": "true", "drift-probe-interval": "0s",
 	}
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	c := agentconfig.Defaults()
@@ -158,6 +159,7 @@ tls: {caFile: /etc/ca.pem}
 firstDeltaTimeout: 10s
 maxRemovalShare: 1
 reconcilePeriod: 1m
+driftProbeInterval: 0s
 ipv6: true
 metricsAddress: ""
 maxDrain: 1h
@@ -166,11 +168,12 @@ debug: true
 `
 	jsonDoc := `{"apiVersion":"config.vsplane.io/v1alpha1","kind":"VsplaneAgentConfiguration",
 	 "controlPlane":["198.18.1.11:18000","[fd00::1]:18000"],"tls":{"caFile":"/etc/ca.pem"},"firstDeltaTimeout":"10s",
-	 "maxRemovalShare":1,"reconcilePeriod":"1m","ipv6":"true","metricsAddress":"","maxDrain":"1h",
+	 "maxRemovalShare":1,"reconcilePeriod":"1m","driftProbeInterval":"0s","ipv6":"true","metricsAddress":"","maxDrain":"1h",
 	 "healthCheckNodePorts":false,"debug":true}`
 	want := agentconfig.Defaults()
 	want.ControlPlane = []string{"198.18.1.11:18000", "[fd00::1]:18000"}
 	want.TLS.CAFile, want.FirstDeltaTimeout, want.MaxRemovalShare, want.ReconcilePeriod = "/etc/ca.pem", dur(10*time.Second), 1, dur(time.Minute)
+	want.DriftProbeInterval = dur(0)
 	want.IPv6, want.MetricsAddress, want.MaxDrain, want.HealthCheckNodePorts, want.Debug = agentconfig.IPv6True, "", dur(time.Hour), false, true
 	for name, doc := range map[string]string{"yaml": yamlDoc, "json": jsonDoc} {
 		c, err := agentconfig.Decode([]byte(doc))
@@ -251,6 +254,7 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		{"maxRemovalShare < 0", func(c *conf) { c.MaxRemovalShare = -0.1 }, `maxRemovalShare -0.1: must be in (0, 1]`},
 		{"removalConfirmation", func(c *conf) { c.RemovalConfirmation = dur(-time.Second) }, `removalConfirmation "-1s": must be > 0`},
 		{"reconcilePeriod", func(c *conf) { c.ReconcilePeriod = dur(-time.Minute) }, `reconcilePeriod "-1m0s": must be > 0`},
+		{"driftProbeInterval", func(c *conf) { c.DriftProbeInterval = dur(-time.Second) }, `driftProbeInterval "-1s": must be >= 0`},
 		{"ipv6", func(c *conf) { c.IPv6 = "yes" }, `ipv6 "yes": want auto, true or false`},
 		{"metricsAddress", func(c *conf) { c.MetricsAddress = "10249" }, `metricsAddress "10249": want host:port, or empty to disable`},
 		{"enableProfiling without metricsAddress", func(c *conf) { c.EnableProfiling, c.MetricsAddress = true, "" }, `enableProfiling true: needs metricsAddress (profiles are served there)`},

@@ -29,6 +29,7 @@ func Bind(fs *flag.FlagSet, c *VsplaneAgentConfiguration) {
 	fs.Float64Var(&c.MaxRemovalShare, "max-removal-share", c.MaxRemovalShare, "hold a first Delta after (re)connect that would remove more than this share of the node's Services until the control plane confirms it (1 disables)"+overrides)
 	dur(&c.RemovalConfirmation.Duration, "removal-confirmation", "how long such a Delta is held before the agent asks the control plane again and applies it if it still says the same")
 	dur(&c.ReconcilePeriod.Duration, "reconcile-period", "period of the full reconcile against the kernel")
+	dur(&c.DriftProbeInterval.Duration, "drift-probe-interval", "how often, between full reconciles, a few small kernel reads look for common drift (ipvsadm -C, a destroyed or flushed set) and reconcile at once when they find it; 0 disables")
 	str((*string)(&c.IPv6), "ipv6", "manage IPv6 too (ip6tables, KUBE-6- sets): auto (when the node has a global IPv6 address, like kube-proxy's dual-stack detection), true or false")
 	str(&c.MetricsAddress, "metrics-address", "address for /metrics and /healthz; empty disables")
 	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "serve /debug/pprof/ on --metrics-address"+overrides)

@@ -73,6 +73,11 @@ type VsplaneAgentConfiguration struct {
 	// kernel (--reconcile-period); the control plane's
 	// agentReconcilePeriod, when set, overrides it. Default 30s; > 0.
 	ReconcilePeriod configfile.Duration `json:"reconcilePeriod"`
+	// DriftProbeInterval: how often, between full reconciles, the agent
+	// makes a few small kernel reads that find the common drift (an
+	// ipvsadm -C, a destroyed or flushed set) and then reconciles at once
+	// (--drift-probe-interval). Default 5s; 0 disables; >= 0.
+	DriftProbeInterval configfile.Duration `json:"driftProbeInterval"`
 	// IPv6: manage IPv6 too: "auto" (when the node has a global IPv6
 	// address), "true" or "false" (--ipv6; the booleans may be written
 	// bare). Default "auto".
@@ -168,6 +173,7 @@ func Defaults() VsplaneAgentConfiguration {
 		MaxRemovalShare:      client.DefaultMaxRemovalShare,
 		RemovalConfirmation:  d(client.DefaultRemovalConfirmation),
 		ReconcilePeriod:      d(wire.DefaultReconcilePeriod),
+		DriftProbeInterval:   d(wire.DefaultDriftProbeInterval),
 		IPv6:                 IPv6Auto,
 		MetricsAddress:       "127.0.0.1:10249",
 		HealthzAddress:       "0.0.0.0:10256",

@@ -46,6 +46,9 @@ func (c *VsplaneAgentConfiguration) Validate() error {
 	}
 	positive("removalConfirmation", c.RemovalConfirmation)
 	positive("reconcilePeriod", c.ReconcilePeriod)
+	if d := c.DriftProbeInterval.Duration; d < 0 {
+		bad("driftProbeInterval", d, "must be >= 0 (0 disables the probe)")
+	}
 	switch c.IPv6 {
 	case IPv6Auto, IPv6True, IPv6False:
 	default:

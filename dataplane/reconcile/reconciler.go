@@ -150,7 +150,7 @@ func New(k kernel.Kernel, cfg Config, log *zap.Logger) (*Reconciler, error) {
 		cfg.MaxDrain = 10 * time.Minute
 	}
 	if cfg.ProbeInterval == 0 {
-		cfg.ProbeInterval = 5 * time.Second
+		cfg.ProbeInterval = wire.DefaultDriftProbeInterval
 	}
 	if cfg.Period == 0 {
 		cfg.Period = wire.DefaultReconcilePeriod

@@ -37,6 +37,10 @@ const DefaultMasqueradeBit = 14
 // its flag nor node/settings sets one.
 const DefaultReconcilePeriod = 30 * time.Second
 
+// DefaultDriftProbeInterval is how often the agent's drift probe runs
+// between full reconciles (reconcile.Config.ProbeInterval).
+const DefaultDriftProbeInterval = 5 * time.Second
+
 // Kernel operation kinds agents report in Ack.kernel_operations. The control
 // plane counts only these (anything else is "other"), so a peer cannot
 // create metric series at will.
