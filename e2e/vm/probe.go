@@ -16,6 +16,10 @@ import (
 // ProbePackage is the guest side of Probe; add it to Options.GoPackages.
 const ProbePackage = "./e2e/vm/cmd/ipvsprobe"
 
+// FloorPackage writes a namespace's state again into another, timed, with
+// vsplane's kernel layer alone (e2e/vmbench's cold-start floor).
+const FloorPackage = "./e2e/vm/cmd/kernelfloor"
+
 // Probe is the host side of ipvsprobe (e2e/vm/cmd/ipvsprobe): one guest
 // process in the VM root namespace that reads the IPVS tables of node
 // namespaces over netlink, so a measurement can poll every 10 ms without

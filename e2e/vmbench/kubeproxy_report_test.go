@@ -68,10 +68,18 @@ type KubeProxyRun struct {
 	// VsplaneAlone are the agent's changes measured while kube-proxy was
 	// stopped (SIGSTOP), so its full syncs did not share the VM's CPUs
 	// with the agent; polled every AlonePollMS.
-	VsplaneAlone       AloneChanges       `json:"vsplane_alone"`
-	AlonePollMS        float64            `json:"alone_poll_ms"`
-	KubeProxy          Side               `json:"kube_proxy"`
-	Vsplane            Side               `json:"vsplane"`
+	VsplaneAlone AloneChanges `json:"vsplane_alone"`
+	AlonePollMS  float64      `json:"alone_poll_ms"`
+	KubeProxy    Side         `json:"kube_proxy"`
+	Vsplane      Side         `json:"vsplane"`
+	// KernelFloor (runs from 2026-12-06): the agent's cold-start state
+	// written again into an empty namespace by kernelfloor, the kernel
+	// layer alone; ColdOverFloor is the agent's cold start (process start
+	// -> last Ack) over its time, ApplyOverFloor the part after the first
+	// Delta was sent over it (#27 item 2 asks <= 1.5).
+	KernelFloor        *wire.FloorResult  `json:"kernel_floor,omitempty"`
+	ColdOverFloor      float64            `json:"cold_start_over_kernel_floor,omitempty"`
+	ApplyOverFloor     float64            `json:"cold_apply_over_kernel_floor,omitempty"`
 	ParityAfterCold    Parity             `json:"parity_after_cold_start"`
 	ParityAfterChanges Parity             `json:"parity_after_changes"`
 	Ratios             map[string]float64 `json:"ratios_kube_proxy_over_vsplane"`
@@ -543,6 +551,14 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		if v.ColdConnectedSeconds > 0 { // runs before 2026-12-01 polled instead
 			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the test's call to start it: its credentials written and the process started in the VM come first).\n",
 				v.ColdConnectedSeconds, v.ColdFirstDeltaSeconds, v.ColdSyncedSeconds)
+		}
+		if f := r.KernelFloor; f != nil {
+			fmt.Fprintf(&b, "\nThe floor under that cold start (kernelfloor, run next in the same VM with the agent stopped): the same state "+
+				"(%d virtual servers, %d real servers, %d addresses, %d set entries: %d netlink writes) written again into an empty namespace "+
+				"by the kernel layer alone took %.2f s (IPVS %.2f, addresses %.2f, set entries %.2f; %.0f writes/s). "+
+				"The agent's cold start is **%.1f×** that floor (process start → last Ack), its part after the first Delta was sent %.1f×.\n",
+				f.VirtualServers, f.RealServers, f.Addresses, f.SetEntries, f.Writes, f.Seconds, f.IPVSSeconds, f.AddrSeconds, f.SetSeconds,
+				f.WritesPerSec, r.ColdOverFloor, r.ApplyOverFloor)
 		}
 		if len(v.ColdTimeline) > 0 {
 			var steps []string

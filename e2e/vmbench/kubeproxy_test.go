@@ -4,6 +4,7 @@ package vmbench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -147,7 +148,7 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 		Nodes:         2,
 		NoAgent:       []string{kpNode, vsNode},
 		KubeProxy:     true,
-		GoPackages:    []string{vm.ProbePackage},
+		GoPackages:    []string{vm.ProbePackage, vm.FloorPackage},
 		GuestFwdPorts: []int{ln.Addr().(*net.TCPAddr).Port},
 		VMMemoryMB:    mem,
 		// One cluster CIDR both get (kube-proxy takes one per family).
@@ -280,6 +281,11 @@ drain:
 	r.Vsplane.ColdIPVSSeconds = lastAck.Sub(t0).Seconds()
 	r.Vsplane.ColdSyncedSeconds = r.Vsplane.ColdIPVSSeconds
 	t.Logf("N=%d: vsplane IPVS complete after %.1f s, every Delta acked after %.1f s", n, r.Vsplane.ColdIPVSSeconds, r.Vsplane.ColdSyncedSeconds)
+	r.KernelFloor = kernelFloor(t, ctx, c, probe)
+	r.ColdOverFloor = r.Vsplane.ColdIPVSSeconds / r.KernelFloor.Seconds
+	r.ApplyOverFloor = (r.Vsplane.ColdIPVSSeconds - r.Vsplane.ColdFirstDeltaSeconds) / r.KernelFloor.Seconds
+	t.Logf("N=%d: kernel floor %.2f s for %d writes (%.0f/s): the agent's cold start is %.1fx it, its apply %.1fx",
+		n, r.KernelFloor.Seconds, r.KernelFloor.Writes, r.KernelFloor.WritesPerSec, r.ColdOverFloor, r.ApplyOverFloor)
 	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d", kp)); err != nil {
 		t.Fatal(err)
 	}
@@ -459,6 +465,33 @@ func parity(t *testing.T, ctx context.Context, probe *vm.Probe, services int) Pa
 		t.Errorf("IPVS parity: %v", err)
 	}
 	return p
+}
+
+// kernelFloor writes the agent's state again, with e2e/vm/cmd/kernelfloor,
+// into an empty namespace, the agent stopped (SIGSTOP) during the timed
+// write so its periodic pass does not share the vCPUs; see wire.FloorResult.
+func kernelFloor(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *vm.Probe) *wire.FloorResult {
+	t.Helper()
+	agent := procs(t, ctx, probe)[1].PID
+	script := fmt.Sprintf(`set -e
+/usr/sbin/ip netns exec %[1]s /usr/local/bin/kernelfloor dump > /tmp/floor.json
+/usr/sbin/ip netns add floor
+# IPVS refuses (EINVAL) a NAT real server whose address type it cannot
+# tell, as in a namespace whose lo is down (no local routing table yet).
+/usr/sbin/ip -n floor link set lo up
+kill -STOP %[2]d
+trap 'kill -CONT %[2]d; /usr/sbin/ip netns del floor' EXIT
+/usr/sbin/ip netns exec floor /usr/local/bin/kernelfloor write < /tmp/floor.json
+`, vsNode, agent)
+	out, err := c.VM.RunOK(ctx, script)
+	if err != nil {
+		t.Fatalf("kernel floor: %v", err)
+	}
+	var f wire.FloorResult
+	if err := json.Unmarshal([]byte(out), &f); err != nil || f.Seconds <= 0 || f.Writes == 0 {
+		t.Fatalf("kernel floor: %q: %v", out, err)
+	}
+	return &f
 }
 
 // kubeProxyPID is kube-proxy's PID in the guest.
