@@ -81,6 +81,22 @@ type IPTables interface {
 	Info() IPTablesInfo
 }
 
+// IPTablesFingerprinter is implemented by an IPTables that can tell,
+// without running a tool, whether a table may have changed: the agent then
+// leaves out the iptables-save of a full pass when nothing changed since
+// the last one it checked, and its drift probe sees a flushed chain.
+//
+// Contract:
+//   - Fingerprint(family, table) returns a value that differs from the one
+//     read before whenever a rule, chain or policy of the table changed in
+//     between; rule counters are not part of it. It may also change when
+//     the table did not (nf_tables: any ruleset change of the namespace).
+//   - An error means unknown: the caller reads the table instead.
+//   - Safe for concurrent use.
+type IPTablesFingerprinter interface {
+	Fingerprint(family Family, table Table) (uint64, error)
+}
+
 // ValidateIPTablesArgs checks family and table for IPTables calls.
 func ValidateIPTablesArgs(family Family, table Table) error {
 	if !family.Valid() {

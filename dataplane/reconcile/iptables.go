@@ -25,6 +25,13 @@ import (
 //   - Status: a failure is blamed on the changed resources of an Apply
 //     (none in a full reconcile: an error no resource owns) and leaves
 //     known.rules unset, so the next pass compares again.
+//   - Fingerprints (kernel.IPTablesFingerprinter): a compare that found
+//     nothing to write keeps the tables' fingerprint read just before its
+//     iptables-save (known.rulesPrint). A full pass whose rendering is
+//     unchanged and whose tables still have that fingerprint leaves the
+//     save out, at most maxPrintSkips passes in a row; the drift probe
+//     compares it too, so a flushed chain is repaired within the probe
+//     interval. A restore records the fingerprint read right after it.
 
 // rulesInput is what the renderer needs of the desired state for fam.
 func (p *pass) rulesInput(fam kernel.Family, liberal bool) rules.Input {
@@ -99,16 +106,22 @@ func (p *pass) syncIPTables(verify bool, names []string) {
 			p.fail(names, "render iptables rules", err)
 			continue
 		}
-		if !verify && bytes.Equal(full, p.known.rules[fam]) {
+		same := bytes.Equal(full, p.known.rules[fam])
+		if same && (!verify || p.rulesUnchanged(fam, rendered.TableNames())) {
 			continue
 		}
 		delete(p.known.rules, fam)
+		delete(p.known.rulesPrint, fam)
+		before, printed := fingerprint(p.k.IPTables, fam, rendered.TableNames())
 		dumps, err := p.saveTables(fam, rendered.TableNames())
 		if err != nil {
 			p.fail(names, fmt.Sprintf("iptables-save (%v)", fam), err)
 			continue
 		}
 		missing, differ := rendered.Check(dumps)
+		if !differ && len(missing) == 0 && printed {
+			p.known.rulesPrint[fam] = rulesPrint{value: before}
+		}
 		if differ || len(missing) > 0 {
 			payload := rendered.Payload(missing)
 			// Last line of defence: only our chains and the fixed jumps.
@@ -125,9 +138,60 @@ func (p *pass) syncIPTables(verify bool, names []string) {
 				p.fail(names, fmt.Sprintf("iptables-restore (%v)", fam), err)
 				continue
 			}
+			// Read right after the restore: a change by someone else in
+			// between would go unseen until the next forced compare
+			// (maxPrintSkips), a window of one syscall.
+			if after, ok := fingerprint(p.k.IPTables, fam, rendered.TableNames()); ok {
+				p.known.rulesPrint[fam] = rulesPrint{value: after}
+			}
 		}
 		p.known.rules[fam] = full
 	}
+}
+
+// maxPrintSkips bounds how many full passes in a row trust an unchanged
+// fingerprint instead of reading the tables (a save every 10 passes, 5 min
+// at the default period, whatever the fingerprint says).
+const maxPrintSkips = 9
+
+// rulesPrint is a family's tables' fingerprint after a compare that found
+// them right, and how many full passes trusted it since.
+type rulesPrint struct {
+	value uint64
+	skips int
+}
+
+// rulesUnchanged reports whether fam's tables still have the fingerprint
+// of the last compare that found them right (and counts the skip).
+func (p *pass) rulesUnchanged(fam kernel.Family, tables []kernel.Table) bool {
+	known, ok := p.known.rulesPrint[fam]
+	if !ok || known.skips >= maxPrintSkips {
+		return false
+	}
+	if cur, ok := fingerprint(p.k.IPTables, fam, tables); !ok || cur != known.value {
+		return false
+	}
+	known.skips++
+	p.known.rulesPrint[fam] = known
+	return true
+}
+
+// fingerprint combines the fingerprints of fam's tables; false when the
+// IPTables has none or one cannot be read.
+func fingerprint(ipt kernel.IPTables, fam kernel.Family, tables []kernel.Table) (uint64, bool) {
+	fp, ok := ipt.(kernel.IPTablesFingerprinter)
+	if !ok || len(tables) == 0 {
+		return 0, false
+	}
+	var sum uint64 = 14695981039346656037 // FNV-1a offset basis
+	for _, t := range tables {
+		v, err := fp.Fingerprint(fam, t)
+		if err != nil {
+			return 0, false
+		}
+		sum = (sum ^ v) * 1099511628211
+	}
+	return sum, true
 }
 
 // saveTables reads the tables of fam with iptables-save; it stops at the

@@ -32,11 +32,15 @@ type knownKernel struct {
 	// rules is, per family, the iptables rendering last applied (or found
 	// in place); an unchanged rendering is not compared again.
 	rules map[kernel.Family][]byte
+	// rulesPrint is, per family, the tables' fingerprint when a compare
+	// last found them right (iptables.go); absent: compare again.
+	rulesPrint map[kernel.Family]rulesPrint
 }
 
 func newKnownKernel() knownKernel {
 	return knownKernel{setEntries: map[string]map[kernel.Entry]bool{},
-		programmed: map[kernel.VirtualServerKey]struct{}{}, rules: map[kernel.Family][]byte{}}
+		programmed: map[kernel.VirtualServerKey]struct{}{}, rules: map[kernel.Family][]byte{},
+		rulesPrint: map[kernel.Family]rulesPrint{}}
 }
 
 // invalidate drops the listings: the next pass lists again.

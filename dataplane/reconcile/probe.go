@@ -21,14 +21,17 @@ import (
 // count). When the sentinel is gone, a set the reconciler knows as right
 // is missing or of another kind, or a set holds another number of entries
 // than the agent wrote (ipset flush, an entry deleted or added by hand), a
-// full pass runs at once. A removed address wakes one already
-// (addrwatch.go). What the probe cannot see (one server's real servers, an
-// entry swapped for another, a chain) waits for the period, as before.
+// full pass runs at once; so does an iptables fingerprint other than the
+// last compare's (a flushed or edited chain; iptables.go). A removed
+// address wakes one already (addrwatch.go). What the probe cannot see (one
+// server's real servers, an entry swapped for another) waits for the
+// period, as before.
 //
 // The probe compares with what the last full pass found, not with the
 // desired state: drift the pass cannot repair (a set of another type it
 // does not replace) is reported by that pass and does not run a pass per
-// probe. Its cost: one netlink get and two set-header dumps per interval.
+// probe. Its cost: one netlink get, two set-header dumps and a fingerprint
+// per family (a getsockopt per table, or one netlink get) per interval.
 
 // driftProbe is the probe's schedule and its sentinel.
 type driftProbe struct {
@@ -97,7 +100,32 @@ func (r *Reconciler) probeDrift() string {
 			return "ipset " + spec.Name + " was re-created as " + string(cur.Type)
 		}
 	}
-	return r.probeSetCounts()
+	if drift := r.probeSetCounts(); drift != "" {
+		return drift
+	}
+	return r.probeRules()
+}
+
+// probeRules compares each family's iptables fingerprint with the one of
+// the last compare that found the tables right (iptables.go): a flushed
+// or edited chain, or on nf_tables any ruleset change of the node, runs a
+// full pass, which compares and records the fingerprint again. Caller
+// holds mu.
+func (r *Reconciler) probeRules() string {
+	for _, fam := range r.families {
+		known, ok := r.known.rulesPrint[fam]
+		if !ok {
+			continue
+		}
+		rendered, ok := r.rendered[fam]
+		if !ok {
+			continue
+		}
+		if cur, ok := fingerprint(r.k.IPTables, fam, rendered.rs.TableNames()); ok && cur != known.value {
+			return "iptables (" + fam.String() + ") changed since the last compare"
+		}
+	}
+	return ""
 }
 
 // probeSetCounts compares every managed set's entry count (its header)
