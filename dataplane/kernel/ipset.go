@@ -228,9 +228,10 @@ func (e Entry) Format(t SetType) string {
 //     tests and the contract suite's clean-up).
 //   - Reads return normalized values; ListSets sorted by name, ListEntries
 //     in no particular order.
-//   - EntryCounts is every set's number of entries, read from the sets'
-//     headers without listing an entry (the drift probe's cheap check); a
-//     set whose header has no count (a kernel before ~4.10) is left out.
+//   - EntryCounts is every set's number of entries by name, read from the
+//     sets' headers without listing an entry (the drift probe's cheap
+//     check); a set whose header has no count (a kernel before ~4.10)
+//     is there with -1.
 //   - Bad input (including addresses with an IPv6 zone, see CheckAddr):
 //     ErrInvalid, the kernel is not called.
 //   - Safe for concurrent use.

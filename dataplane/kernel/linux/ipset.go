@@ -381,9 +381,7 @@ func (h *IPSets) EntryCounts() (map[string]int, error) {
 	}
 	out := make(map[string]int, len(sets))
 	for _, s := range sets {
-		if s.elements >= 0 {
-			out[s.set.Name] = s.elements
-		}
+		out[s.set.Name] = s.elements
 	}
 	return out, nil
 }
