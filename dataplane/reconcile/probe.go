@@ -37,8 +37,8 @@ import (
 type driftProbe struct {
 	next     time.Time               // zero: not scheduled (before the first Delta)
 	sentinel kernel.VirtualServerKey // zero: none (no wanted server was left in place)
-	// runs counts probes, hits those that found drift (each ran a full
-	// pass).
+	// runs counts probes, hits those that found drift and whose full
+	// pass has ended.
 	runs, hits uint64
 }
 
@@ -146,11 +146,11 @@ func (r *Reconciler) runProbe(ctx context.Context) {
 	if drift == "" {
 		return
 	}
-	r.mu.Lock()
-	r.probe.hits++
-	r.mu.Unlock()
 	r.log.Info("drift probe: running a full reconcile now", zap.String("drift", drift))
 	r.Reconcile(ctx)
+	r.mu.Lock()
+	r.probe.hits++ // after the pass: a hit counted is a drift repaired
+	r.mu.Unlock()
 }
 
 // probeDue: the probe is scheduled and its time has come.
