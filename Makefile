@@ -106,6 +106,10 @@ test: tools kube nodes vm-deps lint
 	# Alone too: the chaos soak's fixed seed for a short while (e2e/soak's
 	# ciDuration), its zero-failed-requests invariant needs the CPUs.
 	$(GO) test -count=1 -timeout 12m ./e2e/soak
+	# The kube-proxy side-by-side benchmark (IPVS and nftables modes) at a tiny
+	# size: its parity checks, not its times (report in _out/vmbench-kubeproxy/).
+	VSPLANE_VMBENCH_KP_SERVICES=20 VSPLANE_VMBENCH_KP_CHANGES=2 VSPLANE_VMBENCH_KP_QUIET=0 \
+	  VSPLANE_VMBENCH_KP_REPORT=_out/vmbench-kubeproxy $(GO) test -tags vmbench -count=1 -timeout 15m -run '^TestVMBenchKubeProxy$$' ./e2e/vmbench
 	cd scripts/images && $(GO) test -count=1 ./...
 	$(MAKE) test-race
 	$(MAKE) fuzz
@@ -171,7 +175,7 @@ bench:
 bench-vm: vm-deps kube
 	$(GO) test -tags vmbench -v -count=1 -timeout 60m -run 'TestVMBench$$|TestVMBenchEndToEnd|TestVMBenchBurstEndToEnd' ./e2e/vmbench
 
-## bench-kubeproxy: kube-proxy v1.37.2 (IPVS mode) and the agent side by side in one VM at 1k, 5k
+## bench-kubeproxy: kube-proxy v1.37.2 (IPVS and nftables modes) and the agent side by side in one VM at 1k, 5k
 ## and 10k Services, each with KP_QUIET of nothing changing (about 80 min; writes
 ## bench/results/kubeproxy.{json,md})
 KP_SERVICES ?= 1000,5000,10000

@@ -23,6 +23,9 @@ const KubeProxyBinary = "kube-proxy"
 
 // KubeProxyOptions configure StartKubeProxy.
 type KubeProxyOptions struct {
+	// Mode is --proxy-mode: "ipvs" (the default) or "nftables" (kube-proxy
+	// runs Debian's nft, put into the guest by scripts/vm/build-initramfs.sh).
+	Mode string
 	// IPv4Only sets net.ipv6.conf.all.disable_ipv6=1 in the node namespace
 	// first, so kube-proxy runs its single-stack IPv4 proxier as on an
 	// IPv4-only node. Otherwise it runs its dual-stack proxier whenever the
@@ -84,7 +87,7 @@ func (c *Cluster) GuestKubeconfig() ([]byte, error) {
 }
 
 // KubeProxyArgs are the flags StartKubeProxy gives kube-proxy on node:
-// IPVS mode, the node's name, metrics (10249) and healthz (10256) on the
+// o.Mode (IPVS by default), the node's name, metrics (10249) and healthz (10256) on the
 // namespace's loopback, the cluster CIDRs (one per family: the smallest
 // prefix covering them), and conntrack sizing off (nf_conntrack_max and
 // the hash size are VM-wide, not the namespace's).
@@ -95,7 +98,7 @@ func (c *Cluster) KubeProxyArgs(node string, o KubeProxyOptions) []string {
 	}
 	args := []string{
 		"--kubeconfig=" + kubeProxyDir(node) + "/kubeconfig",
-		"--proxy-mode=ipvs",
+		"--proxy-mode=" + o.mode(),
 		"--hostname-override=" + node,
 		"--metrics-bind-address=127.0.0.1:10249",
 		"--healthz-bind-address=127.0.0.1:10256",
@@ -104,6 +107,13 @@ func (c *Cluster) KubeProxyArgs(node string, o KubeProxyOptions) []string {
 		"--v=" + strconv.Itoa(v),
 	}
 	return append(args, o.Args...)
+}
+
+func (o KubeProxyOptions) mode() string {
+	if o.Mode == "" {
+		return "ipvs"
+	}
+	return o.Mode
 }
 
 func kubeProxyDir(node string) string { return "/run/kube-proxy/" + node }
@@ -137,11 +147,14 @@ func kubeProxyCIDRs(cidrs []netip.Prefix) []string {
 // StartKubeProxy runs kube-proxy in node's namespace (through "ip netns
 // exec", like the agent) with KubeProxyArgs, its kubeconfig written to
 // /run/kube-proxy/<node>/kubeconfig, and returns once kube-proxy logged
-// that it uses the IPVS proxier. Needs Options.KubeProxy and a node that
+// that it uses the proxier of o.Mode. Needs Options.KubeProxy and a node that
 // runs no agent. The process is called "kube-proxy-<node>-<n>".
 func (c *Cluster) StartKubeProxy(ctx context.Context, node string, o KubeProxyOptions) (*vm.Proc, error) {
 	if !c.opts.KubeProxy {
 		return nil, fmt.Errorf("cluster: StartKubeProxy needs Options.KubeProxy")
+	}
+	if m := o.mode(); m != "ipvs" && m != "nftables" {
+		return nil, fmt.Errorf("cluster: kube-proxy mode %q: want ipvs or nftables", m)
 	}
 	n, err := c.Node(node)
 	if err != nil {
@@ -174,7 +187,7 @@ func (c *Cluster) StartKubeProxy(ctx context.Context, node string, o KubeProxyOp
 	if err != nil {
 		return nil, fmt.Errorf("start kube-proxy on %s: %w", node, err)
 	}
-	if _, err := proc.AwaitLog(ctx, "Using ipvs Proxier"); err != nil {
+	if _, err := proc.AwaitLog(ctx, "Using "+o.mode()+" Proxier"); err != nil {
 		_, _ = c.VM.Kill(context.Background(), name, 2*time.Second)
 		return nil, fmt.Errorf("kube-proxy on %s: %w", node, err)
 	}

@@ -3,11 +3,14 @@ package vm
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vsplane/vsplane/e2e/vm/wire"
@@ -155,7 +158,12 @@ func (p *Probe) Do(ctx context.Context, req wire.ProbeRequest) ([]TimedEvent, er
 
 // Count returns the virtual and real servers matching f in netns.
 func (p *Probe) Count(ctx context.Context, netns string, f wire.ProbeFilter) (vs, rs int, err error) {
-	evs, err := p.Do(ctx, wire.ProbeRequest{Op: wire.ProbeCount, Netns: []string{netns}, Filter: f})
+	return p.count(ctx, wire.ProbeRequest{Op: wire.ProbeCount, Netns: []string{netns}, Filter: f})
+}
+
+// count returns the VS and RS of req's "count" event.
+func (p *Probe) count(ctx context.Context, req wire.ProbeRequest) (vs, rs int, err error) {
+	evs, err := p.Do(ctx, req)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -165,6 +173,24 @@ func (p *Probe) Count(ctx context.Context, netns string, f wire.ProbeFilter) (vs
 		}
 	}
 	return 0, 0, errors.New("ipvsprobe: no count")
+}
+
+// NFTCount returns kube-proxy's nftables service-port chains in netns
+// whose names contain one of substrings (none: all) and the endpoints in
+// their dnat maps (see wire.ProbeNFTCount).
+func (p *Probe) NFTCount(ctx context.Context, netns string, substrings ...string) (services, endpoints int, err error) {
+	return p.count(ctx, wire.ProbeRequest{Op: wire.ProbeNFTCount, Netns: []string{netns}, Match: [][]string{substrings}})
+}
+
+// KubeProxyServiceChain is the chain kube-proxy's nftables mode keeps for
+// a Service port (service "namespace/name", protocol as in the Service,
+// port name): "service-", a base32 SHA-256 prefix of the rest, and
+// "namespace/name/proto/port", as pkg/proxy/nftables names it. The probe
+// reads the endpoints of its dnat map (wire.ProbeAwaitRS).
+func KubeProxyServiceChain(service, protocol, portName string) string {
+	name := fmt.Sprintf("%s/%s/%s", service, strings.ToLower(protocol), portName)
+	sum := sha256.Sum256([]byte(name))
+	return "service-" + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + name
 }
 
 // AwaitCount waits until netns holds at least vs virtual servers and rs

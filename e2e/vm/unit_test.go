@@ -122,3 +122,18 @@ func TestTransportErrorQuotesConsole(t *testing.T) {
 		t.Fatalf("exited QEMU: got %v", err)
 	}
 }
+
+// The names kube-proxy v1.37's own nftables tests expect
+// (pkg/proxy/nftables/proxier_test.go): a wrong hash makes the benchmark's
+// probe wait for a chain that never exists.
+func TestKubeProxyServiceChain(t *testing.T) {
+	for _, c := range []struct{ service, want string }{
+		{"ns2/svc2", "service-42NFTM6N-ns2/svc2/tcp/p80"},
+		{"ns3/svc3", "service-4AT6LBPK-ns3/svc3/tcp/p80"},
+		{"ns5/svc5", "service-HVFWP5L3-ns5/svc5/tcp/p80"},
+	} {
+		if got := KubeProxyServiceChain(c.service, "TCP", "p80"); got != c.want {
+			t.Errorf("KubeProxyServiceChain(%q, TCP, p80) = %q, want %q", c.service, got, c.want)
+		}
+	}
+}

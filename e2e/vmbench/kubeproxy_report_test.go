@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -71,7 +72,12 @@ type KubeProxyRun struct {
 	VsplaneAlone AloneChanges `json:"vsplane_alone"`
 	AlonePollMS  float64      `json:"alone_poll_ms"`
 	KubeProxy    Side         `json:"kube_proxy"`
-	Vsplane      Side         `json:"vsplane"`
+	// KubeProxyNFT (runs from 2026-12-07) is kube-proxy in nftables mode,
+	// in node3 of the same VM: its "IPVS complete" times are its first
+	// sync's end (one nftables transaction), its change times the new
+	// endpoint's chain in its table, polled like IPVS.
+	KubeProxyNFT *Side `json:"kube_proxy_nftables,omitempty"`
+	Vsplane      Side  `json:"vsplane"`
 	// KernelFloor (runs from 2026-12-06): the agent's cold-start state
 	// written again into an empty namespace by kernelfloor, the kernel
 	// layer alone; ColdOverFloor is the agent's cold start (process start
@@ -83,6 +89,16 @@ type KubeProxyRun struct {
 	ParityAfterCold    Parity             `json:"parity_after_cold_start"`
 	ParityAfterChanges Parity             `json:"parity_after_changes"`
 	Ratios             map[string]float64 `json:"ratios_kube_proxy_over_vsplane"`
+	RatiosNFT          map[string]float64 `json:"ratios_kube_proxy_nftables_over_vsplane,omitempty"`
+}
+
+// sides are the run's implementations by node.
+func (r *KubeProxyRun) sides() map[string]*Side {
+	out := map[string]*Side{r.KubeProxy.Node: &r.KubeProxy, r.Vsplane.Node: &r.Vsplane}
+	if r.KubeProxyNFT != nil {
+		out[r.KubeProxyNFT.Node] = r.KubeProxyNFT
+	}
+	return out
 }
 
 // AloneChanges are one side's changes measured without the other side
@@ -167,35 +183,62 @@ type Parity struct {
 	VsplaneRS     int      `json:"vsplane_real_servers"`
 	OnlyKubeProxy []string `json:"only_kube_proxy,omitempty"`
 	OnlyVsplane   []string `json:"only_vsplane,omitempty"`
+	// kube-proxy in nftables mode: its service-port and endpoint chains
+	// for the benchmark's Services (as many as vsplane's virtual and real
+	// servers, or the run failed).
+	NFTServiceChains  int `json:"kube_proxy_nft_service_chains,omitempty"`
+	NFTEndpointChains int `json:"kube_proxy_nft_endpoint_chains,omitempty"`
 }
 
-// ratioKeys are the headline ratios, kube-proxy / vsplane.
+// ratioKeys are the headline ratios, kube-proxy (either mode) / vsplane.
 var ratioKeys = []string{"cold_ipvs_complete", "cold_synced", "change_median_alone", "change_median", "change_p90", "peak_rss", "cpu_total", "cpu_cold_start", "cpu_during_changes", "cpu_quiet", "cpu_quiet_agent_alone"}
 
-func ratios(r KubeProxyRun) map[string]float64 {
-	k, v := r.KubeProxy, r.Vsplane
-	div := func(a, b float64) float64 {
-		if b == 0 {
-			return 0
+func ratios(k Side, r KubeProxyRun) map[string]float64 {
+	kv, vv := kubeProxyValues(k), vsplaneValues(r)
+	out := map[string]float64{}
+	for _, key := range ratioKeys {
+		if vv[key] != 0 {
+			out[key] = kv[key] / vv[key]
 		}
-		return a / b
 	}
+	return out
+}
+
+// kubeProxyValues are a kube-proxy's numbers under the ratio keys. Its
+// changes are measured with the agent running in every key (its share of
+// the CPU during one is one apply, milliseconds), and its quiet CPU does
+// not depend on another namespace's table (it reads its own).
+func kubeProxyValues(k Side) map[string]float64 {
 	return map[string]float64{
-		"cold_ipvs_complete": div(k.ColdIPVSSeconds, v.ColdIPVSSeconds),
-		"cold_synced":        div(k.ColdSyncedSeconds, v.ColdSyncedSeconds),
-		"change_median":      div(k.ChangeMedianMS, v.ChangeMedianMS),
-		// kube-proxy's changes are measured with the agent running (its
-		// share of the CPU during one is one apply, milliseconds).
-		"change_median_alone": div(k.ChangeMedianMS, r.VsplaneAlone.ChangeMedianMS),
-		"change_p90":          div(k.ChangeP90MS, v.ChangeP90MS),
-		"peak_rss":            div(k.PeakRSSMB, v.PeakRSSMB),
-		"cpu_total":           div(k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds),
-		"cpu_cold_start":      div(k.ColdCPUSeconds, v.ColdCPUSeconds),
-		"cpu_during_changes":  div(k.ChangesCPUSeconds, v.ChangesCPUSeconds),
-		"cpu_quiet":           div(k.QuietCPUSeconds, v.QuietCPUSeconds),
-		// kube-proxy's quiet CPU does not depend on the other namespace's
-		// table (it reads its own over netlink).
-		"cpu_quiet_agent_alone": div(k.QuietCPUSeconds, v.QuietAloneCPUSeconds),
+		"cold_ipvs_complete":    k.ColdIPVSSeconds,
+		"cold_synced":           k.ColdSyncedSeconds,
+		"change_median":         k.ChangeMedianMS,
+		"change_median_alone":   k.ChangeMedianMS,
+		"change_p90":            k.ChangeP90MS,
+		"peak_rss":              k.PeakRSSMB,
+		"cpu_total":             k.CPUSeconds + k.ChildCPUSeconds,
+		"cpu_cold_start":        k.ColdCPUSeconds,
+		"cpu_during_changes":    k.ChangesCPUSeconds,
+		"cpu_quiet":             k.QuietCPUSeconds,
+		"cpu_quiet_agent_alone": k.QuietCPUSeconds,
+	}
+}
+
+// vsplaneValues are the agent's numbers under the ratio keys.
+func vsplaneValues(r KubeProxyRun) map[string]float64 {
+	v := r.Vsplane
+	return map[string]float64{
+		"cold_ipvs_complete":    v.ColdIPVSSeconds,
+		"cold_synced":           v.ColdSyncedSeconds,
+		"change_median":         v.ChangeMedianMS,
+		"change_median_alone":   r.VsplaneAlone.ChangeMedianMS,
+		"change_p90":            v.ChangeP90MS,
+		"peak_rss":              v.PeakRSSMB,
+		"cpu_total":             v.CPUSeconds + v.ChildCPUSeconds,
+		"cpu_cold_start":        v.ColdCPUSeconds,
+		"cpu_during_changes":    v.ChangesCPUSeconds,
+		"cpu_quiet":             v.QuietCPUSeconds,
+		"cpu_quiet_agent_alone": v.QuietAloneCPUSeconds,
 	}
 }
 
@@ -246,7 +289,7 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 	const poll = 10 * time.Millisecond
 	r.Changes, r.ChangePollMS = changes, float64(poll.Milliseconds())
 	before := map[string]syncMetrics{}
-	for _, node := range []string{kpNode, vsNode} {
+	for _, node := range []string{kpNode, nftNode, vsNode} {
 		m, err := kpMetrics(ctx, probe, node)
 		if err != nil {
 			t.Fatal(err)
@@ -254,20 +297,17 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 		before[node] = m
 	}
 	measureAgentAlone(t, ctx, c, probe, acks, r, changes)
-	var kpLat, vsLat, apply []time.Duration
+	var kpLat, nftLat, vsLat, apply []time.Duration
 	ops := map[string]float64{}
 	var forks uint64
 	for k := range changes {
 		i, j := (k*7919)%r.Services, k%kpEndpoints
 		name, ip := kpName(i), kpChangeIP(k)
-		es, targets := kpChange(t, ctx, c, name, j, ip)
+		es, targets, nftTargets := kpChange(t, ctx, c, name, j, ip)
 		for len(acks) > 0 {
 			<-acks
 		}
-		kp0, err := kpMetrics(ctx, probe, kpNode)
-		if err != nil {
-			t.Fatal(err)
-		}
+		kp0 := kubeProxySyncs(t, ctx, probe)
 		f0, err := probe.Forks(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -275,7 +315,7 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 		// The probe polls from before the write, so a fast apply is not
 		// missed; its events are timestamped here as they arrive.
 		id, err := probe.Send(wire.ProbeRequest{Op: wire.ProbeAwaitRS, Netns: []string{kpNode, vsNode}, Targets: targets,
-			IntervalMS: int(poll.Milliseconds()), TimeoutMS: int(time.Until(deadline(ctx)).Milliseconds())})
+			NFTNetns: []string{nftNode}, NFTTargets: nftTargets, IntervalMS: int(poll.Milliseconds()), TimeoutMS: int(time.Until(deadline(ctx)).Milliseconds())})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,6 +329,8 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 			switch {
 			case ev.Kind == "seen" && ev.Netns == kpNode:
 				kpLat = append(kpLat, vm.SinceWrite(polling, ev, written))
+			case ev.Kind == "seen" && ev.Netns == nftNode:
+				nftLat = append(nftLat, vm.SinceWrite(polling, ev, written))
 			case ev.Kind == "seen" && ev.Netns == vsNode:
 				vsLat = append(vsLat, vm.SinceWrite(polling, ev, written))
 			}
@@ -296,15 +338,7 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 		}
 		// kube-proxy writes IPVS first in a sync: let the sync end (its
 		// count grows) before counting forks and going on.
-		if err := cluster.Await(ctx, 10*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
-			m, err := kpMetrics(ctx, probe, kpNode)
-			if err == nil && m.syncs <= kp0.syncs {
-				err = fmt.Errorf("kube-proxy sync still running (%d syncs)", m.syncs)
-			}
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		awaitKubeProxySyncs(t, ctx, probe, kp0)
 		ack := awaitAck(t, ctx, acks, "service/"+kpNamespace+"/"+name)
 		apply = append(apply, ack.ApplyDuration)
 		r.VsplaneSentMS = append(r.VsplaneSentMS, msOf(ack.SentAt.Sub(written)))
@@ -317,8 +351,8 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 			t.Fatal(err)
 		}
 		forks += f1 - f0
-		t.Logf("change %d (%s endpoint %d -> %s): kube-proxy %v, vsplane %v (Delta sent after %v, apply %v, Ack after %v, kernel ops %v), VM forks %d",
-			k, name, j, ip, kpLat[len(kpLat)-1].Round(time.Millisecond), vsLat[len(vsLat)-1].Round(time.Millisecond),
+		t.Logf("change %d (%s endpoint %d -> %s): kube-proxy IPVS %v, nftables %v, vsplane %v (Delta sent after %v, apply %v, Ack after %v, kernel ops %v), VM forks %d",
+			k, name, j, ip, kpLat[len(kpLat)-1].Round(time.Millisecond), nftLat[len(nftLat)-1].Round(time.Millisecond), vsLat[len(vsLat)-1].Round(time.Millisecond),
 			ack.SentAt.Sub(written).Round(time.Millisecond), ack.ApplyDuration.Round(10*time.Microsecond),
 			ack.ReceivedAt.Sub(written).Round(time.Millisecond), ack.KernelOperations, f1-f0)
 		// Past kube-proxy's minimum sync interval (1 s): each change is
@@ -329,7 +363,7 @@ func measureChanges(t *testing.T, ctx context.Context, c *cluster.Cluster, probe
 	for _, s := range []struct {
 		side *Side
 		lat  []time.Duration
-	}{{&r.KubeProxy, kpLat}, {&r.Vsplane, vsLat}} {
+	}{{&r.KubeProxy, kpLat}, {r.KubeProxyNFT, nftLat}, {&r.Vsplane, vsLat}} {
 		s.side.ChangeMS = nil
 		for _, d := range s.lat {
 			s.side.ChangeMS = append(s.side.ChangeMS, msOf(d))
@@ -359,12 +393,9 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 	t.Helper()
 	const poll = 5 * time.Millisecond
 	r.AlonePollMS = float64(poll.Milliseconds())
-	kp := kubeProxyPID(t, ctx, probe)
-	kp0, err := kpMetrics(ctx, probe, kpNode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kp)); err != nil {
+	kps := kubeProxyPIDs(t, ctx, probe)
+	kp0 := kubeProxySyncs(t, ctx, probe)
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d %d", kps[0], kps[1])); err != nil {
 		t.Fatal(err)
 	}
 	var lat, hostLat, ackLat, apply []time.Duration
@@ -372,7 +403,7 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 		// Services and addresses the simultaneous changes do not use.
 		i, j := (k*7919+r.Services/2)%r.Services, k%kpEndpoints
 		name, ip := kpName(i), kpChangeIP(changes+k)
-		es, targets := kpChange(t, ctx, c, name, j, ip)
+		es, targets, _ := kpChange(t, ctx, c, name, j, ip)
 		for len(acks) > 0 {
 			<-acks
 		}
@@ -401,20 +432,12 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 			lat[len(lat)-1].Round(100*time.Microsecond), hostLat[len(hostLat)-1].Round(100*time.Microsecond), polls,
 			ackLat[len(ackLat)-1].Round(100*time.Microsecond), ack.ApplyDuration.Round(10*time.Microsecond))
 	}
-	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d", kp)); err != nil {
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d %d", kps[0], kps[1])); err != nil {
 		t.Fatal(err)
 	}
-	// kube-proxy catches up on the block in one sync: await it, so it does
-	// not run into the simultaneous changes.
-	if err := cluster.Await(ctx, 10*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
-		m, err := kpMetrics(ctx, probe, kpNode)
-		if err == nil && m.syncs <= kp0.syncs {
-			err = fmt.Errorf("kube-proxy's catch-up sync still running (%d syncs)", m.syncs)
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	// Each kube-proxy catches up on the block in one sync: await it, so it
+	// does not run into the simultaneous changes.
+	awaitKubeProxySyncs(t, ctx, probe, kp0)
 	a := &r.VsplaneAlone
 	for i := range lat {
 		a.ChangeMS, a.AckMS = append(a.ChangeMS, msOf(lat[i])), append(a.AckMS, msOf(ackLat[i]))
@@ -423,10 +446,42 @@ func measureAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, pr
 	a.AckMedianMS, a.ApplyMedianMS = msOf(Quantile(ackLat, 0.5)), msOf(Quantile(apply, 0.5))
 }
 
+// kubeProxySyncs reads both kube-proxies' sync metrics, by node.
+func kubeProxySyncs(t *testing.T, ctx context.Context, probe *vm.Probe) map[string]syncMetrics {
+	t.Helper()
+	out := map[string]syncMetrics{}
+	for _, node := range []string{kpNode, nftNode} {
+		m, err := kpMetrics(ctx, probe, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[node] = m
+	}
+	return out
+}
+
+// awaitKubeProxySyncs waits until each kube-proxy (by node) has ended a
+// sync more than before says.
+func awaitKubeProxySyncs(t *testing.T, ctx context.Context, probe *vm.Probe, before map[string]syncMetrics) {
+	t.Helper()
+	for node, b := range before {
+		if err := cluster.Await(ctx, 10*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
+			m, err := kpMetrics(ctx, probe, node)
+			if err == nil && m.syncs <= b.syncs {
+				err = fmt.Errorf("kube-proxy on %s: sync still running (%d syncs)", node, m.syncs)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // kpChange reads Service name and its slice, replaces endpoint j's address
-// with ip in the slice (not yet written) and returns it with the probe
-// targets that show the change: ip in each of the Service's ports.
-func kpChange(t *testing.T, ctx context.Context, c *cluster.Cluster, name string, j int, ip string) (*discoveryv1.EndpointSlice, []wire.ProbeTarget) {
+// with ip in the slice (not yet written) and returns it with what shows
+// the change: ip in each of the Service's ports, as IPVS probe targets and
+// as nftables ones (kube-proxy's service-port chains).
+func kpChange(t *testing.T, ctx context.Context, c *cluster.Cluster, name string, j int, ip string) (*discoveryv1.EndpointSlice, []wire.ProbeTarget, []wire.ProbeTarget) {
 	t.Helper()
 	svc, err := c.Kube.CoreV1().Services(kpNamespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -437,12 +492,13 @@ func kpChange(t *testing.T, ctx context.Context, c *cluster.Cluster, name string
 		t.Fatal(err)
 	}
 	es.Endpoints[j].Addresses = []string{ip}
-	var targets []wire.ProbeTarget
+	var targets, nftTargets []wire.ProbeTarget
+	ep := netip.AddrPortFrom(netip.MustParseAddr(ip), kpTargetPort).String()
 	for _, p := range kpPorts {
-		targets = append(targets, wire.ProbeTarget{VS: net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(p.Port)),
-			RS: net.JoinHostPort(ip, fmt.Sprint(kpTargetPort))})
+		targets = append(targets, wire.ProbeTarget{VS: net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(p.Port)), RS: ep})
+		nftTargets = append(nftTargets, wire.ProbeTarget{VS: vm.KubeProxyServiceChain(kpNamespace+"/"+name, string(p.Protocol), p.Name), RS: ep})
 	}
-	return es, targets
+	return es, targets, nftTargets
 }
 
 // awaitEvent returns probe request id's next event (of kind, if set).
@@ -481,14 +537,21 @@ func awaitAck(t *testing.T, ctx context.Context, acks <-chan stream.AckEvent, re
 	}
 }
 
-// writeKubeProxyReport stores bench/results/kubeproxy.{json,md} at the
-// repository root.
+// writeKubeProxyReport stores kubeproxy.{json,md} in bench/results at the
+// repository root, or in VSPLANE_VMBENCH_KP_REPORT (relative to the root;
+// CI's tiny run writes to _out).
 func writeKubeProxyReport(rep KubeProxyReport) error {
 	root, err := measure.RepoRoot(".")
 	if err != nil {
 		return err
 	}
 	dir := filepath.Join(root, "bench", "results")
+	if d := os.Getenv("VSPLANE_VMBENCH_KP_REPORT"); d != "" {
+		dir = filepath.Join(root, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
 	path := filepath.Join(dir, "kubeproxy.json")
 	var old KubeProxyReport
 	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &old) == nil &&
@@ -510,13 +573,15 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		stack = "dual-stack (its default on a kernel with IPv6)"
 	}
 	fmt.Fprintf(&b, "# Node apply: kube-proxy vs vsplane, side by side (%s)\n\n", rep.Time)
-	fmt.Fprintf(&b, "One QEMU TCG VM (2 vCPUs), one kernel: kube-proxy %s, %s, in node1; the vsplane agent in node2, "+
+	fmt.Fprintf(&b, "One QEMU TCG VM (2 vCPUs), one kernel: kube-proxy %s, %s, in node1; since 2026-12-07 the same kube-proxy in nftables mode "+
+		"(`--proxy-mode=nftables`, Debian's nft 1.0.6) in node3; the vsplane agent in node2, "+
 		"fed by the control plane on the host. Same apiserver and objects (ClusterIP Services, 2 TCP ports x 10 endpoints each). "+
-		"Each cold start runs alone (kube-proxy before the agent exists; the agent while kube-proxy is SIGSTOPped); "+
-		"the changes are measured twice: the agent alone while kube-proxy is SIGSTOPped (a block of changes; kube-proxy catches up after it), "+
-		"then both at once (one EndpointSlice update each, a different Service each time, 1 s after kube-proxy's previous sync ended), "+
-		"where kube-proxy's full sync and the agent share the VM's two vCPUs. kube-proxy's change time is the both-at-once one in both rows. "+
-		"Change times: ipvsprobe polls both kernels over netlink the same way and timestamps each poll on its own clock, mapped to the host's "+
+		"Each cold start runs alone (kube-proxy IPVS first, then nftables while the first is SIGSTOPped, then the agent while both are); "+
+		"the changes are measured twice: the agent alone while both kube-proxies are SIGSTOPped (a block of changes; they catch up after it), "+
+		"then all at once (one EndpointSlice update each, a different Service each time, 1 s after each kube-proxy's previous sync ended), "+
+		"where kube-proxy's syncs and the agent share the VM's two vCPUs. kube-proxy's change time is the all-at-once one in both rows. "+
+		"Change times: ipvsprobe polls the kernels over netlink the same way (IPVS; for nftables mode, the new endpoint in the dnat map "+
+		"of each of the Service's port chains in kube-proxy's table) and timestamps each poll on its own clock, mapped to the host's "+
 		"through its \"polling\" event (an upper bound: too long by that event's guest-to-host delay; see vm.SinceWrite); other times are host-clock differences. "+
 		"The host has 2 cores shared with other work: absolute times are inflated (each run gives the host's load average), compare the ratios. "+
 		"Written by `TestVMBenchKubeProxy` (e2e/vmbench).\n",
@@ -526,15 +591,26 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		fmt.Fprintf(&b, "\n## %d Services (%d virtual servers, %d real servers)\n\n", r.Services, r.VirtualServers, r.RealServers)
 		fmt.Fprintf(&b, "Measured %s; host load average at start `%s`, at end `%s`; VM boot %.0f s; objects created in %.0f s; %d changes.\n\n",
 			r.Time, r.LoadAvg, r.LoadAvgAfter, r.VMBootSeconds, r.CreateSeconds, r.Changes)
-		b.WriteString("| | kube-proxy | vsplane agent | kube-proxy / vsplane |\n|---|---:|---:|---:|\n")
-		row := func(name, format string, a, c float64, key string) {
-			fmt.Fprintf(&b, "| %s | "+format+" | "+format+" | %.1f |\n", name, a, c, r.Ratios[key])
+		nft := r.KubeProxyNFT
+		if nft == nil { // runs before 2026-12-07: IPVS mode only
+			b.WriteString("| | kube-proxy | vsplane agent | kube-proxy / vsplane |\n|---|---:|---:|---:|\n")
+		} else {
+			b.WriteString("| | kube-proxy IPVS | kube-proxy nftables | vsplane agent | IPVS / vsplane | nftables / vsplane |\n|---|---:|---:|---:|---:|---:|\n")
 		}
-		row(fmt.Sprintf("cold start: process start → IPVS complete (s; kube-proxy polled every %.0f ms or 4× the poll's duration, vsplane its last Ack received)", r.ColdPollMS), "%.1f", k.ColdIPVSSeconds, v.ColdIPVSSeconds, "cold_ipvs_complete")
+		// row prints kube-proxy's a (IPVS mode; its nftables mode's value
+		// is the same field of nft), vsplane's c and the ratios.
+		row := func(name, format string, a, c float64, key string) {
+			if nft == nil {
+				fmt.Fprintf(&b, "| %s | "+format+" | "+format+" | %.1f |\n", name, a, c, r.Ratios[key])
+				return
+			}
+			fmt.Fprintf(&b, "| %s | "+format+" | "+format+" | "+format+" | %.1f | %.1f |\n", name, a, kubeProxyValues(*nft)[key], c, r.Ratios[key], r.RatiosNFT[key])
+		}
+		row(fmt.Sprintf("cold start: process start → IPVS complete (s; kube-proxy polled every %.0f ms or 4× the poll's duration, nftables mode: its first sync's end, vsplane its last Ack received)", r.ColdPollMS), "%.1f", k.ColdIPVSSeconds, v.ColdIPVSSeconds, "cold_ipvs_complete")
 		row("cold start: → fully synced (s; kube-proxy first sync incl. ipsets+iptables, vsplane all Deltas acked)", "%.1f", k.ColdSyncedSeconds, v.ColdSyncedSeconds, "cold_synced")
 		row(fmt.Sprintf("one endpoint replaced, the agent alone (kube-proxy stopped): slice update answered → new real server in IPVS, median (ms; vsplane polled every %.0f ms)", r.AlonePollMS),
 			"%.1f", k.ChangeMedianMS, r.VsplaneAlone.ChangeMedianMS, "change_median_alone")
-		row(fmt.Sprintf("one endpoint replaced, both running: slice update answered → new real server in IPVS, median (ms, polled every %.0f ms)", r.ChangePollMS), "%.0f", k.ChangeMedianMS, v.ChangeMedianMS, "change_median")
+		row(fmt.Sprintf("one endpoint replaced, all running: slice update answered → new real server in IPVS (nftables mode: in the Service port's dnat map), median (ms, polled every %.0f ms)", r.ChangePollMS), "%.0f", k.ChangeMedianMS, v.ChangeMedianMS, "change_median")
 		row("… p90 (ms)", "%.0f", k.ChangeP90MS, v.ChangeP90MS, "change_p90")
 		row("peak RSS, VmHWM (MB)", "%.0f", k.PeakRSSMB, v.PeakRSSMB, "peak_rss")
 		row("CPU over the run incl. children (s)", "%.1f", k.CPUSeconds+k.ChildCPUSeconds, v.CPUSeconds+v.ChildCPUSeconds, "cpu_total")
@@ -575,8 +651,17 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 			k.SyncsPerChange, k.SyncMeanMS, v.SyncsPerChange, v.SyncMeanMS, v.AckApplyMedianMS, opsString(v.KernelOpsPerChange), v.FullReconciles, r.ForksPerChange)
 		fmt.Fprintf(&b, "\nIPVS parity (Service range, scheduler, flags, weights): after cold start %s, after the changes %s.\n",
 			parityString(r.ParityAfterCold), parityString(r.ParityAfterChanges))
-		fmt.Fprintf(&b, "\nPer change (ms): kube-proxy %v; vsplane %v (its Delta sent after %v, Ack received after %v)\n",
-			k.ChangeMS, v.ChangeMS, r.VsplaneSentMS, r.VsplaneAckMS)
+		if nft != nil {
+			fmt.Fprintf(&b, "\nkube-proxy in nftables mode: %.2f syncs per change, mean %.0f ms each (partial syncs: only the changed Services' chains, one `nft` transaction). "+
+				"Its service-port chains for the benchmark's Services and the endpoints in their dnat maps after the cold start: %d, %d; after the changes: %d, %d (as many as vsplane's virtual and real servers).\n",
+				nft.SyncsPerChange, nft.SyncMeanMS, r.ParityAfterCold.NFTServiceChains, r.ParityAfterCold.NFTEndpointChains,
+				r.ParityAfterChanges.NFTServiceChains, r.ParityAfterChanges.NFTEndpointChains)
+			fmt.Fprintf(&b, "\nPer change (ms): kube-proxy IPVS %v; kube-proxy nftables %v; vsplane %v (its Delta sent after %v, Ack received after %v)\n",
+				k.ChangeMS, nft.ChangeMS, v.ChangeMS, r.VsplaneSentMS, r.VsplaneAckMS)
+		} else {
+			fmt.Fprintf(&b, "\nPer change (ms): kube-proxy %v; vsplane %v (its Delta sent after %v, Ack received after %v)\n",
+				k.ChangeMS, v.ChangeMS, r.VsplaneSentMS, r.VsplaneAckMS)
+		}
 		a := r.VsplaneAlone
 		fmt.Fprintf(&b, "\nThe agent alone (ms): in IPVS after %v (p90 %.1f); Ack at the control plane after %v (median %.1f); agent apply median %.2f\n",
 			a.ChangeMS, a.ChangeP90MS, a.AckMS, a.AckMedianMS, a.ApplyMedianMS)

@@ -33,16 +33,16 @@ import (
 )
 
 // The kube-proxy comparison: one apiserver and the same objects; node1
-// runs kube-proxy v1.37 in IPVS mode (reaching the host apiserver through
-// guestfwd), node2 the vsplane agent fed by the control plane on the host.
-// Everything each one's kernel holds is read by ipvsprobe (one guest
-// process, netlink, the same method for both), and every time is a host
-// clock difference.
+// runs kube-proxy v1.37 in IPVS mode and node3 in nftables mode (both
+// reaching the host apiserver through guestfwd), node2 the vsplane agent
+// fed by the control plane on the host. Everything each one's kernel holds
+// is read by ipvsprobe (one guest process, netlink: IPVS, and kube-proxy's
+// nftables chains), and every time is a host clock difference.
 const (
-	kpNode, vsNode = "node1", "node2"
-	kpEndpoints    = 10
-	kpNamespace    = "default"
-	kpTargetPort   = 8080
+	kpNode, vsNode, nftNode = "node1", "node2", "node3"
+	kpEndpoints             = 10
+	kpNamespace             = "default"
+	kpTargetPort            = 8080
 )
 
 // kpPorts are each Service's ports (both TCP: graceful termination makes
@@ -100,13 +100,13 @@ func kpChanges(t *testing.T) int {
 }
 
 // TestVMBenchKubeProxy measures node apply side by side with kube-proxy
-// at VSPLANE_VMBENCH_KP_SERVICES Services (default 1000; e.g. 1000,5000,10000,
+// (IPVS and nftables modes) at VSPLANE_VMBENCH_KP_SERVICES Services (default 1000; e.g. 1000,5000,10000,
 // each size in a fresh cluster), 2 ports x 10 endpoints each: cold start
 // into an empty kernel, VSPLANE_VMBENCH_KP_CHANGES (default 10) one-endpoint
 // changes, VSPLANE_VMBENCH_KP_QUIET (default 10m) in which nothing changes,
 // peak RSS and CPU. kube-proxy runs single-stack (IPv6 disabled in
 // its namespace, as on an IPv4-only node) unless VSPLANE_VMBENCH_KP_DUALSTACK=1.
-// Results: bench/results/kubeproxy.{json,md}. kube-proxy's initial sync runs
+// Results: bench/results/kubeproxy.{json,md} (or VSPLANE_VMBENCH_KP_REPORT). kube-proxy's initial sync runs
 // one ipset command per entry: about 2 minutes per 1,000 Services under TCG,
 // so 10,000 needs a -timeout of several hours.
 func TestVMBenchKubeProxy(t *testing.T) {
@@ -122,7 +122,7 @@ func TestVMBenchKubeProxy(t *testing.T) {
 		r := runKubeProxyBench(t, ctx, n, changes, rep.DualStack)
 		rep.Runs = append(rep.Runs, r)
 		for _, k := range ratioKeys {
-			t.Logf("N=%d %-30s kube-proxy / vsplane = %8.2f", n, k, r.Ratios[k])
+			t.Logf("N=%d %-30s kube-proxy IPVS / vsplane = %8.2f, nftables / vsplane = %8.2f", n, k, r.Ratios[k], r.RatiosNFT[k])
 		}
 	}
 	if err := writeKubeProxyReport(rep); err != nil {
@@ -133,7 +133,8 @@ func TestVMBenchKubeProxy(t *testing.T) {
 // runKubeProxyBench runs one size in a fresh cluster.
 func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualStack bool) KubeProxyRun {
 	r := KubeProxyRun{Time: time.Now().UTC().Format(time.RFC3339), Services: n, Ports: len(kpPorts), Endpoints: kpEndpoints, VirtualServers: n * len(kpPorts),
-		RealServers: n * len(kpPorts) * kpEndpoints, LoadAvg: measure.LoadAvgLine(), KubeProxy: Side{Node: kpNode}, Vsplane: Side{Node: vsNode}}
+		RealServers: n * len(kpPorts) * kpEndpoints, LoadAvg: measure.LoadAvgLine(),
+		KubeProxy: Side{Node: kpNode}, KubeProxyNFT: &Side{Node: nftNode}, Vsplane: Side{Node: vsNode}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -145,8 +146,8 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 		mem = 4096
 	}
 	c, err := cluster.Start(ctx, cluster.Options{
-		Nodes:         2,
-		NoAgent:       []string{kpNode, vsNode},
+		Nodes:         3,
+		NoAgent:       []string{kpNode, vsNode, nftNode},
 		KubeProxy:     true,
 		GoPackages:    []string{vm.ProbePackage, vm.FloorPackage},
 		GuestFwdPorts: []int{ln.Addr().(*net.TCPAddr).Port},
@@ -171,7 +172,7 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 	defer func() {
 		if t.Failed() {
 			lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
-			for _, p := range []string{"kube-proxy-" + kpNode + "-1", "agent-" + vsNode + "-1"} {
+			for _, p := range []string{"kube-proxy-" + kpNode + "-1", "kube-proxy-" + nftNode + "-1", "agent-" + vsNode + "-1"} {
 				if res, err := c.VM.Run(lctx, "tail -n 30 /tmp/vmexec/"+p+".log"); err == nil {
 					t.Logf("%s log tail:\n%s", p, res.Stdout)
 				}
@@ -204,9 +205,10 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 	r.ColdPollMS = float64(interval.Milliseconds())
 	kpOpts := cluster.KubeProxyOptions{IPv4Only: !dualStack}
 
-	// Each cold start alone in the VM: kube-proxy first; then it is
+	// Each cold start alone in the VM: kube-proxy (IPVS) first; then it is
 	// stopped (SIGSTOP: its periodic 30 s full syncs would take the CPU
-	// from the agent) while the agent starts, and continued afterwards.
+	// from the others) while kube-proxy (nftables) starts, which is stopped
+	// in turn while the agent starts; both are continued afterwards.
 	t0 := time.Now()
 	if _, err := c.StartKubeProxy(ctx, kpNode, kpOpts); err != nil {
 		t.Fatal(err)
@@ -227,8 +229,13 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 	}
 	r.KubeProxy.ColdSyncedSeconds = time.Since(t0).Seconds()
 	t.Logf("N=%d: kube-proxy IPVS complete after %.1f s, first sync done after %.1f s", n, r.KubeProxy.ColdIPVSSeconds, r.KubeProxy.ColdSyncedSeconds)
-	kp := kubeProxyPID(t, ctx, probe)
-	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kp)); err != nil {
+	kps := kubeProxyPIDs(t, ctx, probe)
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kps[0])); err != nil {
+		t.Fatal(err)
+	}
+	coldStartNFT(t, ctx, c, probe, &r, kpOpts, interval)
+	kps = kubeProxyPIDs(t, ctx, probe)
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kps[1])); err != nil {
 		t.Fatal(err)
 	}
 
@@ -286,13 +293,15 @@ drain:
 	r.ApplyOverFloor = (r.Vsplane.ColdIPVSSeconds - r.Vsplane.ColdFirstDeltaSeconds) / r.KernelFloor.Seconds
 	t.Logf("N=%d: kernel floor %.2f s for %d writes (%.0f/s): the agent's cold start is %.1fx it, its apply %.1fx",
 		n, r.KernelFloor.Seconds, r.KernelFloor.Writes, r.KernelFloor.WritesPerSec, r.ColdOverFloor, r.ApplyOverFloor)
-	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d", kp)); err != nil {
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -CONT %d %d", kps[0], kps[1])); err != nil {
 		t.Fatal(err)
 	}
 
 	r.ParityAfterCold = parity(t, ctx, probe, n)
 	coldProcs := procs(t, ctx, probe)
-	r.KubeProxy.ColdCPUSeconds, r.Vsplane.ColdCPUSeconds = coldProcs[0].CPUSeconds()+coldProcs[0].ChildCPUSeconds(), coldProcs[1].CPUSeconds()+coldProcs[1].ChildCPUSeconds()
+	for node, s := range r.sides() {
+		s.ColdCPUSeconds = coldProcs[node].CPUSeconds() + coldProcs[node].ChildCPUSeconds()
+	}
 
 	measureChanges(t, ctx, c, probe, acks, &r, changes)
 
@@ -303,41 +312,77 @@ drain:
 		t.Logf("N=%d: quiet for %v", n, quiet)
 		r.QuietSeconds = quiet.Seconds()
 		cpu := quietCPU(t, ctx, probe, quiet)
-		r.KubeProxy.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds = cpu[0], cpu[1]
-		t.Logf("N=%d: quiet CPU kube-proxy %.2f s, vsplane %.2f s", n, r.KubeProxy.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds)
+		for node, s := range r.sides() {
+			s.QuietCPUSeconds = cpu[node]
+		}
+		t.Logf("N=%d: quiet CPU kube-proxy IPVS %.2f s, nftables %.2f s, vsplane %.2f s", n, r.KubeProxy.QuietCPUSeconds, r.KubeProxyNFT.QuietCPUSeconds, r.Vsplane.QuietCPUSeconds)
 		r.Vsplane.QuietAloneCPUSeconds = quietAgentAlone(t, ctx, c, probe, quiet)
 		t.Logf("N=%d: quiet CPU of the agent alone in IPVS %.2f s", n, r.Vsplane.QuietAloneCPUSeconds)
 	}
 	end := procs(t, ctx, probe)
-	for i, s := range []*Side{&r.KubeProxy, &r.Vsplane} {
-		p := end[i]
+	for node, s := range r.sides() {
+		p := end[node]
 		s.PID, s.PeakRSSMB, s.RSSMB = p.PID, float64(p.VmHWMKB)/1024, float64(p.VmRSSKB)/1024
 		s.CPUSeconds, s.ChildCPUSeconds = p.CPUSeconds(), p.ChildCPUSeconds()
-		s.ChangesCPUSeconds = (p.CPUSeconds() + p.ChildCPUSeconds()) - (coldProcs[i].CPUSeconds() + coldProcs[i].ChildCPUSeconds())
+		s.ChangesCPUSeconds = (p.CPUSeconds() + p.ChildCPUSeconds()) - (coldProcs[node].CPUSeconds() + coldProcs[node].ChildCPUSeconds())
 	}
-	r.Ratios = ratios(r)
+	r.Ratios = ratios(r.KubeProxy, r)
+	r.RatiosNFT = ratios(*r.KubeProxyNFT, r)
 	r.LoadAvgAfter = measure.LoadAvgLine()
 	return r
 }
 
-// quietAgentAlone stops kube-proxy, flushes its IPVS table and measures the
-// agent's CPU (incl. children) over quiet again: what a quiet agent costs
-// where no other namespace holds IPVS servers (see Side.QuietAloneCPUSeconds).
-// kube-proxy stays stopped: nothing after this measures it.
+// coldStartNFT starts kube-proxy in nftables mode on nftNode and times its
+// cold start: process start -> its first sync ended (polled every
+// interval through its metrics). That sync is one nftables transaction, so
+// its end is also when the kernel holds every rule; the chains and their
+// endpoints are counted afterwards to check it.
+func coldStartNFT(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *vm.Probe, r *KubeProxyRun, o cluster.KubeProxyOptions, interval time.Duration) {
+	t.Helper()
+	o.Mode = "nftables"
+	t0 := time.Now()
+	if _, err := c.StartKubeProxy(ctx, nftNode, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Await(ctx, time.Until(deadline(ctx)), interval, func(ctx context.Context) error {
+		m, err := kpMetrics(ctx, probe, nftNode)
+		if err == nil && m.syncs < 1 {
+			err = errors.New("kube-proxy's first sync has not finished")
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("kube-proxy (nftables) cold start: %v", err)
+	}
+	s := r.KubeProxyNFT
+	s.ColdSyncedSeconds = time.Since(t0).Seconds()
+	s.ColdIPVSSeconds = s.ColdSyncedSeconds
+	svcs, eps, err := probe.NFTCount(ctx, nftNode, "-"+kpNamespace+"/kp-")
+	if err != nil || svcs != r.VirtualServers || eps != r.RealServers {
+		t.Fatalf("kube-proxy (nftables) synced, but holds %d service-port chains with %d endpoints, want %d and %d (%v)", svcs, eps, r.VirtualServers, r.RealServers, err)
+	}
+	t.Logf("N=%d: kube-proxy (nftables) first sync done after %.1f s", r.Services, s.ColdSyncedSeconds)
+}
+
+// quietAgentAlone stops both kube-proxies, flushes the IPVS one's table and
+// measures the agent's CPU (incl. children) over quiet again: what a quiet
+// agent costs where no other namespace holds IPVS servers (see
+// Side.QuietAloneCPUSeconds). kube-proxy stays stopped: nothing after this
+// measures it.
 func quietAgentAlone(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *vm.Probe, quiet time.Duration) float64 {
 	t.Helper()
-	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", kubeProxyPID(t, ctx, probe))); err != nil {
+	kps := kubeProxyPIDs(t, ctx, probe)
+	if _, err := c.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d %d", kps[0], kps[1])); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := c.RunInNode(ctx, kpNode, "ipvsadm -C && ipvsadm -Ln | grep -c -e '^TCP' -e '^UDP' -e '^SCTP' -e '^FWM' || true"); err != nil || strings.TrimSpace(out) != "0" {
 		t.Fatalf("flush kube-proxy's IPVS table: %v, %q virtual servers left", err, out)
 	}
-	return quietCPU(t, ctx, probe, quiet)[1]
+	return quietCPU(t, ctx, probe, quiet)[vsNode]
 }
 
-// quietCPU waits quiet and returns the CPU (incl. children) kube-proxy and
-// the agent used meanwhile.
-func quietCPU(t *testing.T, ctx context.Context, probe *vm.Probe, quiet time.Duration) [2]float64 {
+// quietCPU waits quiet and returns the CPU (incl. children) each of the
+// three used meanwhile, by node.
+func quietCPU(t *testing.T, ctx context.Context, probe *vm.Probe, quiet time.Duration) map[string]float64 {
 	t.Helper()
 	before := procs(t, ctx, probe)
 	timer := time.NewTimer(quiet)
@@ -349,7 +394,11 @@ func quietCPU(t *testing.T, ctx context.Context, probe *vm.Probe, quiet time.Dur
 	}
 	after := procs(t, ctx, probe)
 	cpu := func(p wire.ProcStat) float64 { return p.CPUSeconds() + p.ChildCPUSeconds() }
-	return [2]float64{cpu(after[0]) - cpu(before[0]), cpu(after[1]) - cpu(before[1])}
+	out := map[string]float64{}
+	for node := range after {
+		out[node] = cpu(after[node]) - cpu(before[node])
+	}
+	return out
 }
 
 // agentInfo is the control plane's record of node's agent, once it
@@ -464,6 +513,16 @@ func parity(t *testing.T, ctx context.Context, probe *vm.Probe, services int) Pa
 	if err != nil {
 		t.Errorf("IPVS parity: %v", err)
 	}
+	// The nftables side holds no IPVS: count its service-port chains and
+	// their endpoints (the benchmark's Services only).
+	p.NFTServiceChains, p.NFTEndpointChains, err = probe.NFTCount(ctx, nftNode, "-"+kpNamespace+"/kp-")
+	if err != nil {
+		t.Fatalf("kube-proxy nftables chains: %v", err)
+	}
+	if vs, rs := services*len(kpPorts), services*len(kpPorts)*kpEndpoints; p.NFTServiceChains != vs || p.NFTEndpointChains != rs {
+		t.Errorf("kube-proxy nftables holds %d service-port chains with %d endpoints, want %d and %d",
+			p.NFTServiceChains, p.NFTEndpointChains, vs, rs)
+	}
 	return p
 }
 
@@ -472,7 +531,7 @@ func parity(t *testing.T, ctx context.Context, probe *vm.Probe, services int) Pa
 // write so its periodic pass does not share the vCPUs; see wire.FloorResult.
 func kernelFloor(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *vm.Probe) *wire.FloorResult {
 	t.Helper()
-	agent := procs(t, ctx, probe)[1].PID
+	agent := procs(t, ctx, probe)[vsNode].PID
 	script := fmt.Sprintf(`set -e
 /usr/sbin/ip netns exec %[1]s /usr/local/bin/kernelfloor dump > /tmp/floor.json
 /usr/sbin/ip netns add floor
@@ -494,37 +553,47 @@ trap 'kill -CONT %[2]d; /usr/sbin/ip netns del floor' EXIT
 	return &f
 }
 
-// kubeProxyPID is kube-proxy's PID in the guest.
-func kubeProxyPID(t *testing.T, ctx context.Context, probe *vm.Probe) int {
+// kubeProxyPIDs are the guest PIDs of kube-proxy in IPVS mode (kpNode) and
+// in nftables mode (nftNode, 0 before it started).
+func kubeProxyPIDs(t *testing.T, ctx context.Context, probe *vm.Probe) [2]int {
 	t.Helper()
-	ps, err := probe.Procs(ctx, []string{"kube-proxy", "--hostname-override=" + kpNode})
-	if err != nil {
-		t.Fatal(err)
+	var out [2]int
+	for i, node := range []string{kpNode, nftNode} {
+		ps, err := probe.Procs(ctx, []string{"kube-proxy", "--hostname-override=" + node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) > 1 || (len(ps) == 0 && i == 0) {
+			t.Fatalf("want one kube-proxy process on %s, have %+v", node, ps)
+		}
+		if len(ps) == 1 {
+			out[i] = ps[0].PID
+		}
 	}
-	if len(ps) != 1 {
-		t.Fatalf("want one kube-proxy process, have %+v", ps)
-	}
-	return ps[0].PID
+	return out
 }
 
-// procs returns kube-proxy's and the agent's process stats, in that order.
-func procs(t *testing.T, ctx context.Context, probe *vm.Probe) [2]wire.ProcStat {
+// procs returns both kube-proxies' and the agent's process stats by node.
+func procs(t *testing.T, ctx context.Context, probe *vm.Probe) map[string]wire.ProcStat {
 	t.Helper()
-	ps, err := probe.Procs(ctx, []string{"kube-proxy", "--hostname-override=" + kpNode}, []string{"vsplane-agent", "--node-name " + vsNode})
+	ps, err := probe.Procs(ctx, []string{"kube-proxy", "--hostname-override=" + kpNode}, []string{"kube-proxy", "--hostname-override=" + nftNode},
+		[]string{"vsplane-agent", "--node-name " + vsNode})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out [2]wire.ProcStat
-	var found [2]bool
+	out := map[string]wire.ProcStat{}
 	for _, p := range ps {
-		i := 0
-		if strings.Contains(p.Cmdline, "vsplane-agent") {
-			i = 1
+		for _, node := range []string{kpNode, nftNode} {
+			if strings.Contains(p.Cmdline, "--hostname-override="+node) {
+				out[node] = p
+			}
 		}
-		out[i], found[i] = p, true
+		if strings.Contains(p.Cmdline, "vsplane-agent") {
+			out[vsNode] = p
+		}
 	}
-	if !found[0] || !found[1] {
-		t.Fatalf("kube-proxy and the agent not both found among %+v", ps)
+	if len(out) != 3 {
+		t.Fatalf("both kube-proxies and the agent not all found among %+v", ps)
 	}
 	return out
 }

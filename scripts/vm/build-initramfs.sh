@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the VM test bed's initramfs: a cached base archive (kernel modules,
-# busybox, dash/bash, iproute2, ipset, iptables, ipvsadm with their shared
+# busybox, dash/bash, iproute2, ipset, iptables, ipvsadm, nft with their shared
 # libraries, /init) followed by a small archive of extra binaries given as
 # arguments (static Go binaries: vmexec, e2ehelper, the vsplane agent...).
 # The kernel unpacks concatenated cpio archives in order, so only the small
@@ -29,7 +29,7 @@ KDIR="$(readlink -f "$CACHE/kernel" 2>/dev/null || true)"
 KVER="$(basename "$KDIR")"; KVER="${KVER#kernel-}"
 KMOD="$KDIR/lib/modules/$KVER"
 [ -d "$KMOD" ] || die "no modules at $KMOD: run scripts/vm/deps.sh"
-for t in busybox dash bash cpio depmod ip ipset ipvsadm xtables-legacy-multi xtables-nft-multi; do
+for t in busybox dash bash cpio depmod ip ipset ipvsadm nft xtables-legacy-multi xtables-nft-multi; do
   command -v "$t" >/dev/null || die "missing $t on the host: run scripts/vm/deps.sh"
 done
 for b in "$@"; do
@@ -39,7 +39,7 @@ done
 # Host programs copied into the guest (with the libraries ldd names).
 PROGS=(
   /usr/sbin/ip /usr/sbin/bridge /usr/bin/ss
-  /usr/sbin/ipset /usr/sbin/ipvsadm
+  /usr/sbin/ipset /usr/sbin/ipvsadm /usr/sbin/nft
   /usr/sbin/xtables-legacy-multi /usr/sbin/xtables-nft-multi
   /usr/bin/dash /usr/bin/bash
 )
@@ -76,7 +76,7 @@ BOOT_MODULES=(
 
 # The base archive is keyed by this script, the kernel and the host packages it copies.
 pkgver="$(dpkg-query -W -f '${Package}=${Version}\n' busybox-static dash bash iproute2 ipset \
-  iptables ipvsadm libc6 2>/dev/null || true)"
+  iptables ipvsadm nftables libc6 2>/dev/null || true)"
 key="$( { cat "${BASH_SOURCE[0]}" "$ROOT/scripts/vm/init"; echo "$KVER"; echo "$pkgver"; } | sha256sum | cut -c1-16)"
 BASE="$CACHE/base-$KVER-$key.cpio"
 

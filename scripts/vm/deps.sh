@@ -19,6 +19,8 @@ declare -A NEED=(
   [ipset]=ipset
   [iptables-legacy]=iptables
   [ipvsadm]=ipvsadm
+  # kube-proxy's nftables mode in the side-by-side benchmark (e2e/vmbench).
+  [nft]=nftables
   [cpio]=cpio
   [depmod]=kmod
   [dpkg-deb]=dpkg

@@ -21,9 +21,16 @@ const (
 	ProbeAwaitCount ProbeOp = "await_count"
 	// ProbeAwaitRS polls each of Netns every IntervalMS until every
 	// Target's real server is in its virtual server with a weight above
-	// zero; a "polling" event once the first poll ran, then one "seen"
-	// event per namespace.
+	// zero, and each of NFTNetns until, in kube-proxy's nftables table
+	// ("kube-proxy", IPv4), every NFTTarget's endpoint (RS) is in the dnat
+	// map of its service-port chain (VS: the chain's name); a "polling"
+	// event once the first poll ran, then one "seen" event per namespace.
 	ProbeAwaitRS ProbeOp = "await_rs"
+	// ProbeNFTCount counts, in each of Netns, kube-proxy's nftables
+	// service-port chains ("service-...") whose name contains one of
+	// Match[0] (none: all) as VS, and the endpoints in their dnat maps as
+	// RS; one "count" event per namespace.
+	ProbeNFTCount ProbeOp = "nft_count"
 	// ProbeDiff compares the virtual and real servers matching Filter of
 	// Netns[0] and Netns[1] (address, port, protocol, scheduler, flags,
 	// persistence; real server address, port, weight).
@@ -62,6 +69,8 @@ type ProbeRequest struct {
 	VS         int           `json:"vs,omitempty"`
 	RS         int           `json:"rs,omitempty"`
 	Targets    []ProbeTarget `json:"targets,omitempty"`
+	NFTNetns   []string      `json:"nft_netns,omitempty"`
+	NFTTargets []ProbeTarget `json:"nft_targets,omitempty"`
 	IntervalMS int           `json:"interval_ms,omitempty"`
 	TimeoutMS  int           `json:"timeout_ms,omitempty"`
 	Match      [][]string    `json:"match,omitempty"`

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/moby/ipvs"
+	"github.com/vishvananda/netlink/nl"
 
 	"github.com/vsplane/vsplane/e2e/vm/wire"
 )
@@ -61,7 +62,7 @@ func run(addr string) error {
 	}
 	defer conn.Close()
 	fmt.Println("ipvsprobe connected to", addr)
-	p := &probe{handles: map[string]*ipvs.Handle{}, out: json.NewEncoder(conn), start: time.Now()}
+	p := &probe{handles: map[string]*ipvs.Handle{}, nft: map[string]*nl.NetlinkSocket{}, out: json.NewEncoder(conn), start: time.Now()}
 	sc := bufio.NewScanner(conn)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -80,6 +81,7 @@ func run(addr string) error {
 
 type probe struct {
 	handles map[string]*ipvs.Handle
+	nft     map[string]*nl.NetlinkSocket // per namespace, see nft.go
 	out     *json.Encoder
 	start   time.Time // GuestUS's origin
 }
@@ -110,6 +112,17 @@ func (p *probe) serve(req wire.ProbeRequest) error {
 				return err
 			}
 			if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "count", Netns: ns, VS: vs, RS: rs}); err != nil {
+				return err
+			}
+		}
+		return p.send(wire.ProbeEvent{ID: req.ID, Kind: "done", Final: true})
+	case wire.ProbeNFTCount:
+		for _, ns := range req.Netns {
+			svcs, eps, err := p.nftCount(ns, firstOf(req.Match))
+			if err != nil {
+				return err
+			}
+			if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "count", Netns: ns, VS: svcs, RS: eps}); err != nil {
 				return err
 			}
 		}
@@ -281,17 +294,30 @@ func (p *probe) awaitRS(req wire.ProbeRequest) error {
 	if err != nil {
 		return err
 	}
-	hs := map[string]*ipvs.Handle{}
+	// seen reports whether ns holds what the request waits for.
+	seen := map[string]func() (bool, error){}
 	for _, ns := range req.Netns {
-		if hs[ns], err = p.handle(ns); err != nil {
+		h, err := p.handle(ns)
+		if err != nil {
 			return err
 		}
+		seen[ns] = func() (bool, error) { return has(h, ts), nil }
+	}
+	for _, ns := range req.NFTNetns {
+		if _, err := p.nftSocket(ns); err != nil {
+			return err
+		}
+		seen[ns] = func() (bool, error) { return p.nftHasEndpoints(ns, req.NFTTargets) }
 	}
 	interval, deadline := ticks(req)
-	left := slices.Clone(req.Netns)
+	left := append(slices.Clone(req.Netns), req.NFTNetns...)
 	for polls := 1; len(left) > 0; polls++ {
 		for _, ns := range slices.Clone(left) {
-			if has(hs[ns], ts) {
+			ok, err := seen[ns]()
+			if err != nil {
+				return err
+			}
+			if ok {
 				at := p.guestUS() // after the read: an upper bound
 				left = slices.DeleteFunc(left, func(s string) bool { return s == ns })
 				if err := p.send(wire.ProbeEvent{ID: req.ID, Kind: "seen", Netns: ns, Polls: polls, GuestUS: at}); err != nil {
@@ -306,7 +332,7 @@ func (p *probe) awaitRS(req wire.ProbeRequest) error {
 			}
 		}
 		if len(left) > 0 && time.Now().After(deadline) {
-			return fmt.Errorf("real servers not seen within %v in %v", time.Duration(req.TimeoutMS)*time.Millisecond, left)
+			return fmt.Errorf("changes not seen within %v in %v", time.Duration(req.TimeoutMS)*time.Millisecond, left)
 		}
 		if len(left) > 0 {
 			time.Sleep(interval)
@@ -372,6 +398,14 @@ func minus(a, b []string) []string {
 		}
 	}
 	return out
+}
+
+// firstOf is m[0], or nil.
+func firstOf(m [][]string) []string {
+	if len(m) == 0 {
+		return nil
+	}
+	return m[0]
 }
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
