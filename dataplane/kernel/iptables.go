@@ -87,14 +87,15 @@ type IPTables interface {
 // the last one it checked, and its drift probe sees a flushed chain.
 //
 // Contract:
-//   - Fingerprint(family, table) returns a value that differs from the one
-//     read before whenever a rule, chain or policy of the table changed in
-//     between; rule counters are not part of it. It may also change when
-//     the table did not (nf_tables: any ruleset change of the namespace).
-//   - An error means unknown: the caller reads the table instead.
+//   - Fingerprint(family, tables...) returns one value for the tables
+//     together (at least one), which differs from the one read before
+//     whenever a rule, chain or policy of one of them changed in between;
+//     rule counters are not part of it. It may also change when none did
+//     (nf_tables: any ruleset change of the namespace).
+//   - An error means unknown: the caller reads the tables instead.
 //   - Safe for concurrent use.
 type IPTablesFingerprinter interface {
-	Fingerprint(family Family, table Table) (uint64, error)
+	Fingerprint(family Family, tables ...Table) (uint64, error)
 }
 
 // ValidateIPTablesArgs checks family and table for IPTables calls.

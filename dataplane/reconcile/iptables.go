@@ -183,15 +183,8 @@ func fingerprint(ipt kernel.IPTables, fam kernel.Family, tables []kernel.Table) 
 	if !ok || len(tables) == 0 {
 		return 0, false
 	}
-	var sum uint64 = 14695981039346656037 // FNV-1a offset basis
-	for _, t := range tables {
-		v, err := fp.Fingerprint(fam, t)
-		if err != nil {
-			return 0, false
-		}
-		sum = (sum ^ v) * 1099511628211
-	}
-	return sum, true
+	v, err := fp.Fingerprint(fam, tables...)
+	return v, err == nil
 }
 
 // saveTables reads the tables of fam with iptables-save; it stops at the

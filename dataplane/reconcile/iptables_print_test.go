@@ -40,7 +40,7 @@ func (p *printIPTables) Save(ctx context.Context, fam kernel.Family, t kernel.Ta
 	return p.IPTables.Save(ctx, fam, t)
 }
 
-func (p *printIPTables) Fingerprint(kernel.Family, kernel.Table) (uint64, error) {
+func (p *printIPTables) Fingerprint(kernel.Family, ...kernel.Table) (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.gen, nil

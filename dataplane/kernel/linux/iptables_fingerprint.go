@@ -27,18 +27,42 @@ import (
 
 var _ kernel.IPTablesFingerprinter = (*IPTables)(nil)
 
-// Fingerprint implements kernel.IPTablesFingerprinter.
-func (p *IPTables) Fingerprint(family kernel.Family, table kernel.Table) (uint64, error) {
-	if err := kernel.ValidateIPTablesArgs(family, table); err != nil {
-		return 0, err
-	}
-	if table == "" {
+// Fingerprint implements kernel.IPTablesFingerprinter: on nf_tables one
+// generation read for all the tables, on legacy one raw socket for their
+// hashes, combined in order.
+func (p *IPTables) Fingerprint(family kernel.Family, tables ...kernel.Table) (uint64, error) {
+	if len(tables) == 0 {
 		return 0, fmt.Errorf("iptables fingerprint: no table: %w", kernel.ErrInvalid)
+	}
+	for _, t := range tables {
+		if err := kernel.ValidateIPTablesArgs(family, t); err != nil {
+			return 0, err
+		}
+		if t == "" {
+			return 0, fmt.Errorf("iptables fingerprint: empty table name: %w", kernel.ErrInvalid)
+		}
 	}
 	if p.info.Backend == kernel.BackendNFT {
 		return nftGeneration()
 	}
-	return legacyTableHash(family, table)
+	af := unix.AF_INET
+	if family == kernel.FamilyIPv6 {
+		af = unix.AF_INET6
+	}
+	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return 0, fmt.Errorf("iptables fingerprint: raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	h := fnv.New64a()
+	for _, t := range tables {
+		v, err := legacyTableHash(fd, family, t)
+		if err != nil {
+			return 0, err
+		}
+		_ = binary.Write(h, binary.NativeEndian, v)
+	}
+	return h.Sum64(), nil
 }
 
 // nf_tables netlink (uapi linux/netfilter/nf_tables.h).
@@ -110,16 +134,11 @@ var xtLayouts = map[kernel.Family]xtEntryLayout{
 
 // legacyTableHash hashes a legacy table's rules without their counters.
 // A table the kernel does not have (never used) hashes to 0.
-func legacyTableHash(family kernel.Family, table kernel.Table) (uint64, error) {
-	af, level := unix.AF_INET, unix.SOL_IP
+func legacyTableHash(fd int, family kernel.Family, table kernel.Table) (uint64, error) {
+	level := unix.SOL_IP
 	if family == kernel.FamilyIPv6 {
-		af, level = unix.AF_INET6, unix.SOL_IPV6
+		level = unix.SOL_IPV6
 	}
-	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-	if err != nil {
-		return 0, fmt.Errorf("iptables fingerprint: raw socket: %w", err)
-	}
-	defer unix.Close(fd)
 	// A table replaced between the two reads changes size: read again.
 	for range 5 {
 		info := make([]byte, xtGetInfoLen)

@@ -13,7 +13,7 @@ import (
 )
 
 // TestIPTablesFingerprint: on both backends and families, a fingerprint
-// holds while nothing changes (traffic through a rule included) and
+// (of nat and filter together) holds while nothing changes (traffic through a rule included) and
 // changes when a chain is added, when its rules change, when it is flushed.
 func TestIPTablesFingerprint(t *testing.T) {
 	requireNetns(t)
@@ -32,7 +32,9 @@ func TestIPTablesFingerprint(t *testing.T) {
 				var fp kernel.IPTablesFingerprinter = ipt
 				print := func(what string) uint64 {
 					t.Helper()
-					v, err := fp.Fingerprint(fam, kernel.TableFilter)
+					// Two tables, the changes in the second: one
+					// value for both must still see them.
+					v, err := fp.Fingerprint(fam, kernel.TableNAT, kernel.TableFilter)
 					if err != nil {
 						t.Fatalf("%s: %v", what, err)
 					}
@@ -91,7 +93,10 @@ func TestIPTablesFingerprint(t *testing.T) {
 		}
 	}
 	if _, err := newIPTables(t, kernel.BackendLegacy).Fingerprint(kernel.FamilyIPv4, ""); err == nil {
-		t.Error("a fingerprint without a table: no error")
+		t.Error("a fingerprint of an empty table name: no error")
+	}
+	if _, err := newIPTables(t, kernel.BackendNFT).Fingerprint(kernel.FamilyIPv4); err == nil {
+		t.Error("a fingerprint of no table: no error")
 	}
 	var _ kernel.IPTablesFingerprinter = (*linux.IPTables)(nil)
 }
