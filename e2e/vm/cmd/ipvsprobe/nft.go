@@ -256,7 +256,11 @@ func (p *probe) nftHasEndpoints(netns string, ts []wire.ProbeTarget) (bool, erro
 		}
 		found := false
 		for _, set := range sets[t.VS] {
-			if err := p.nftSetData(netns, set, func(d []byte) { found = found || isEndpoint(d, ep) }); err != nil {
+			err := p.nftSetData(netns, set, func(d []byte) { found = found || isEndpoint(d, ep) })
+			if errors.Is(err, unix.ENOENT) {
+				return false, nil // a sync replaced the map meanwhile: the next poll reads the new one
+			}
+			if err != nil {
 				return false, err
 			}
 		}
@@ -273,6 +277,18 @@ func (p *probe) nftHasEndpoints(netns string, ts []wire.ProbeTarget) (bool, erro
 // counterparts of virtual and real servers. (Session-affinity Services
 // keep their endpoints in chains instead; the benchmark has none.)
 func (p *probe) nftCount(netns string, substrings []string) (services, endpoints int, err error) {
+	// A sync that replaces a map between the rule dump and its element
+	// dump makes the second ENOENT: count again.
+	for range 5 {
+		services, endpoints, err = p.nftCountOnce(netns, substrings)
+		if !errors.Is(err, unix.ENOENT) {
+			break
+		}
+	}
+	return services, endpoints, err
+}
+
+func (p *probe) nftCountOnce(netns string, substrings []string) (services, endpoints int, err error) {
 	sets, err := p.nftRuleSets(netns, "")
 	if err != nil {
 		return 0, 0, err
