@@ -177,11 +177,12 @@ bench-vm: vm-deps kube
 
 ## bench-kubeproxy: kube-proxy v1.37.2 (IPVS and nftables modes) and the agent side by side in one VM at 1k, 5k
 ## and 10k Services, each with KP_QUIET of nothing changing (about 80 min; writes
-## bench/results/kubeproxy.{json,md})
+## bench/results/kubeproxy.{json,md}; KP_AGENT_ARGS adds agent flags, KP_REPORT another directory)
 KP_SERVICES ?= 1000,5000,10000
 KP_QUIET ?= 10m
 bench-kubeproxy: vm-deps kube
-	VSPLANE_VMBENCH_KP_SERVICES=$(KP_SERVICES) VSPLANE_VMBENCH_KP_QUIET=$(KP_QUIET) $(GO) test -tags vmbench -v -count=1 -timeout 180m -run TestVMBenchKubeProxy ./e2e/vmbench
+	VSPLANE_VMBENCH_KP_SERVICES=$(KP_SERVICES) VSPLANE_VMBENCH_KP_QUIET=$(KP_QUIET) VSPLANE_VMBENCH_KP_AGENT_ARGS='$(KP_AGENT_ARGS)' \
+	  $(if $(KP_REPORT),VSPLANE_VMBENCH_KP_REPORT=$(KP_REPORT)) $(GO) test -tags vmbench -v -count=1 -timeout 180m -run TestVMBenchKubeProxy ./e2e/vmbench
 
 ## conformance: Kubernetes v1.37.2's sig-network e2e specs (Services, Networking Granular
 ## Checks: Services, Conntrack; skips in e2e/conformance/specs.go) on the real-node test bed,

@@ -35,7 +35,9 @@ type KubeProxyReport struct {
 	KubeProxy string `json:"kube_proxy"`
 	// DualStack: kube-proxy ran its dual-stack proxier (IPv6 left on in its
 	// namespace); else single-stack IPv4 like the agent.
-	DualStack bool           `json:"kube_proxy_dual_stack"`
+	DualStack bool `json:"kube_proxy_dual_stack"`
+	// AgentArgs are the agent's extra flags (VSPLANE_VMBENCH_KP_AGENT_ARGS).
+	AgentArgs string         `json:"agent_args,omitempty"`
 	Runs      []KubeProxyRun `json:"runs"`
 }
 
@@ -555,7 +557,7 @@ func writeKubeProxyReport(rep KubeProxyReport) error {
 	path := filepath.Join(dir, "kubeproxy.json")
 	var old KubeProxyReport
 	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &old) == nil &&
-		old.KubeProxy == rep.KubeProxy && old.DualStack == rep.DualStack {
+		old.KubeProxy == rep.KubeProxy && old.DualStack == rep.DualStack && old.AgentArgs == rep.AgentArgs {
 		for _, r := range old.Runs {
 			if !slices.ContainsFunc(rep.Runs, func(n KubeProxyRun) bool { return n.Services == r.Services }) {
 				rep.Runs = append(rep.Runs, r)
@@ -586,6 +588,9 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		"The host has 2 cores shared with other work: absolute times are inflated (each run gives the host's load average), compare the ratios. "+
 		"Written by `TestVMBenchKubeProxy` (e2e/vmbench).\n",
 		rep.KubeProxy, stack)
+	if rep.AgentArgs != "" {
+		fmt.Fprintf(&b, "\nThe agent ran with the extra flags `%s`.\n", rep.AgentArgs)
+	}
 	for _, r := range rep.Runs {
 		k, v := r.KubeProxy, r.Vsplane
 		fmt.Fprintf(&b, "\n## %d Services (%d virtual servers, %d real servers)\n\n", r.Services, r.VirtualServers, r.RealServers)

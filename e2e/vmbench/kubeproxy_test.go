@@ -105,7 +105,9 @@ func kpChanges(t *testing.T) int {
 // into an empty kernel, VSPLANE_VMBENCH_KP_CHANGES (default 10) one-endpoint
 // changes, VSPLANE_VMBENCH_KP_QUIET (default 10m) in which nothing changes,
 // peak RSS and CPU. kube-proxy runs single-stack (IPv6 disabled in
-// its namespace, as on an IPv4-only node) unless VSPLANE_VMBENCH_KP_DUALSTACK=1.
+// its namespace, as on an IPv4-only node) unless VSPLANE_VMBENCH_KP_DUALSTACK=1;
+// VSPLANE_VMBENCH_KP_AGENT_ARGS are extra agent flags (e.g.
+// "--reconcile-period=1h"; give such a run its own VSPLANE_VMBENCH_KP_REPORT).
 // Results: bench/results/kubeproxy.{json,md} (or VSPLANE_VMBENCH_KP_REPORT). kube-proxy's initial sync runs
 // one ipset command per entry: about 2 minutes per 1,000 Services under TCG,
 // so 10,000 needs a -timeout of several hours.
@@ -117,9 +119,10 @@ func TestVMBenchKubeProxy(t *testing.T) {
 	}
 	defer cancel()
 	rep := KubeProxyReport{Time: time.Now().UTC().Format(time.RFC3339),
-		KubeProxy: "v1.37.2, --proxy-mode=ipvs, flags: see e2e/cluster.KubeProxyArgs", DualStack: os.Getenv("VSPLANE_VMBENCH_KP_DUALSTACK") == "1"}
+		KubeProxy: "v1.37.2, --proxy-mode=ipvs, flags: see e2e/cluster.KubeProxyArgs", DualStack: os.Getenv("VSPLANE_VMBENCH_KP_DUALSTACK") == "1",
+		AgentArgs: os.Getenv("VSPLANE_VMBENCH_KP_AGENT_ARGS")}
 	for _, n := range sizes {
-		r := runKubeProxyBench(t, ctx, n, changes, rep.DualStack)
+		r := runKubeProxyBench(t, ctx, n, changes, rep.DualStack, rep.AgentArgs)
 		rep.Runs = append(rep.Runs, r)
 		for _, k := range ratioKeys {
 			t.Logf("N=%d %-30s kube-proxy IPVS / vsplane = %8.2f, nftables / vsplane = %8.2f", n, k, r.Ratios[k], r.RatiosNFT[k])
@@ -131,7 +134,7 @@ func TestVMBenchKubeProxy(t *testing.T) {
 }
 
 // runKubeProxyBench runs one size in a fresh cluster.
-func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualStack bool) KubeProxyRun {
+func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualStack bool, agentArgs string) KubeProxyRun {
 	r := KubeProxyRun{Time: time.Now().UTC().Format(time.RFC3339), Services: n, Ports: len(kpPorts), Endpoints: kpEndpoints, VirtualServers: n * len(kpPorts),
 		RealServers: n * len(kpPorts) * kpEndpoints, LoadAvg: measure.LoadAvgLine(),
 		KubeProxy: Side{Node: kpNode}, KubeProxyNFT: &Side{Node: nftNode}, Vsplane: Side{Node: vsNode}}
@@ -149,6 +152,7 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 		Nodes:         3,
 		NoAgent:       []string{kpNode, vsNode, nftNode},
 		KubeProxy:     true,
+		AgentArgs:     agentArgs,
 		GoPackages:    []string{vm.ProbePackage, vm.FloorPackage},
 		GuestFwdPorts: []int{ln.Addr().(*net.TCPAddr).Port},
 		VMMemoryMB:    mem,
