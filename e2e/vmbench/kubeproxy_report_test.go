@@ -652,7 +652,7 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 			"(a full sync: every Service's virtual server and real servers read back over netlink, iptables commands); "+
 			"vsplane %.2f Delta applies per change, mean %.1f ms, Ack apply median %.1f ms, kernel operations per change %s, "+
 			"%d periodic full reconciles during the changes (a Delta arriving during one waits for it). "+
-			"VM-wide forks+threads per change window: %.1f (kube-proxy's iptables/ipset commands; the agent runs none for an endpoint change).\n",
+			"VM-wide forks+threads per change window: %.1f (kube-proxy's iptables/ipset commands, and since 2026-12-07 its nftables mode's nft runs too; the agent runs none for an endpoint change).\n",
 			k.SyncsPerChange, k.SyncMeanMS, v.SyncsPerChange, v.SyncMeanMS, v.AckApplyMedianMS, opsString(v.KernelOpsPerChange), v.FullReconciles, r.ForksPerChange)
 		fmt.Fprintf(&b, "\nIPVS parity (Service range, scheduler, flags, weights): after cold start %s, after the changes %s.\n",
 			parityString(r.ParityAfterCold), parityString(r.ParityAfterChanges))
