@@ -555,6 +555,7 @@ func writeKubeProxyReport(rep KubeProxyReport) error {
 		return err
 	}
 	path := filepath.Join(dir, "kubeproxy.json")
+	rep.Runs = slices.Clone(rep.Runs) // merged below: not the caller's
 	var old KubeProxyReport
 	if b, err := os.ReadFile(path); err == nil && json.Unmarshal(b, &old) == nil &&
 		old.KubeProxy == rep.KubeProxy && old.DualStack == rep.DualStack && old.AgentArgs == rep.AgentArgs {
