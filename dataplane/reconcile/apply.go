@@ -42,6 +42,7 @@ func (r *Reconciler) Apply(ctx context.Context, delta *vsplanev1.Delta) *vsplane
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.applies++
 	start := time.Now()
 	prev := r.desired.settings()
 	c := r.storeDelta(delta, prev.defaultScheduler)

@@ -118,7 +118,7 @@ func (r *Reconciler) syncAll(p *pass, read *kernelRead, since writesDuringRead) 
 	}
 	p.listed, p.listedDests = nil, nil
 	p.flushIPVS()
-	r.chooseSentinel(p, keys)
+	r.scheduleProbe()
 	addrs := p.addressesToCompare()
 	for _, a := range sortedKeys(addrs, netipAddr.Compare) {
 		p.syncAddr(a, nil)

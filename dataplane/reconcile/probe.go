@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -15,69 +14,100 @@ import (
 // Drift probe. Outside drift is found by the full pass, every period (30 s
 // by default); a flushed IPVS table (ipvsadm -C) or a destroyed or
 // re-created set broke every Service of the node until then. Every
-// Config.ProbeInterval (default 5 s) Run makes small reads instead: one
-// sentinel virtual server, which the last full pass left in the kernel and
-// something still wants, and the sets' entry counts (their headers). When
-// the sentinel is gone, a set the reconciler knows as right is missing, or
-// a set holds another number of entries than the agent wrote (ipset flush,
-// an entry deleted or added by hand), a full pass runs at once; so does an iptables fingerprint other than the
-// last compare's (a flushed or edited chain; iptables.go). A removed
-// address wakes one already (addrwatch.go). What the probe cannot see (one
-// server's real servers, an entry swapped for another) waits for the
-// period, as before.
+// Config.ProbeInterval (default 5 s) Run makes smaller reads instead: the
+// virtual servers without their real servers (one netlink dump), the sets'
+// entry counts (their headers) and the iptables fingerprints. A wanted
+// virtual server gone or changed by hand (ipvsadm -C, -D, -E), a set the
+// reconciler knows as right missing, a set holding another number of
+// entries than the agent wrote (ipset flush, an entry deleted or added by
+// hand) or an iptables fingerprint other than the last compare's (a
+// flushed or edited chain; iptables.go) runs a full pass at once. A
+// removed address wakes one already (addrwatch.go). What the probe cannot
+// see (one server's real servers, an entry swapped for another) waits for
+// the period, as before.
 //
-// The probe compares with what the last full pass found, not with the
-// desired state: drift the pass cannot repair (a set of another type it
-// does not replace) is reported by that pass and does not run a pass per
-// probe. Its cost: one netlink get, one set-header dump and a fingerprint
-// per family (two getsockopts per table, or one netlink get) per interval;
-// in the TCG test bed about 6 ms of CPU per probe at 1k Services.
+// The probe compares with what the last passes found right, not with
+// every wish: a virtual server of a failed resource (its write failed, the
+// Ack said so, retries run on their own schedule) and drift the pass cannot
+// repair (a set of another type it does not replace) do not run a pass per
+// probe. Its cost: one virtual-server dump (read without the lock, so a
+// Delta does not wait for it), one set-header dump and a fingerprint per
+// family (two getsockopts, or one netlink get) per interval.
 
-// driftProbe is the probe's schedule and its sentinel.
+// driftProbe is the probe's schedule and counters.
 type driftProbe struct {
-	next     time.Time               // zero: not scheduled (before the first Delta)
-	sentinel kernel.VirtualServerKey // zero: none (no wanted server was left in place)
+	next time.Time // zero: not scheduled (before the first Delta)
 	// runs counts probes, hits those that found drift and whose full
 	// pass has ended.
 	runs, hits uint64
 }
 
-// chooseSentinel picks, after a full comparison of keys, the first wanted
-// server whose owners had no error in p: it is in the kernel now. It
-// schedules the next probe.
-func (r *Reconciler) chooseSentinel(p *pass, keys map[kernel.VirtualServerKey][]string) {
+// scheduleProbe schedules the next probe after a full pass.
+func (r *Reconciler) scheduleProbe() {
 	r.probe.next = time.Time{}
 	if r.cfg.ProbeInterval > 0 {
 		r.probe.next = r.cfg.Now().Add(r.cfg.ProbeInterval)
 	}
-	r.probe.sentinel = kernel.VirtualServerKey{}
-	for _, key := range sortedKeys(keys, kernel.VirtualServerKey.Compare) {
-		owners := r.desired.vsOwners[key]
-		if len(owners) > 0 && !slices.ContainsFunc(owners, func(n string) bool { return len(p.errs[n]) > 0 }) {
-			r.probe.sentinel = key
-			return
-		}
-	}
 }
 
-// probeDrift reads the sentinel, the sets' entry counts and the iptables
-// fingerprints and returns what drifted ("" for nothing). It holds mu: a
+// probeDrift reads the virtual servers, the sets' entry counts and the
+// iptables fingerprints and returns what drifted ("" for nothing). The
+// virtual servers are listed without mu and compared under it only when no
+// Delta or full pass ran in between; the rest is read under mu, so a
 // Delta's writes cannot pass the read.
 func (r *Reconciler) probeDrift() string {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if !r.full.synced {
+		r.mu.Unlock()
 		return ""
 	}
-	if key := r.probe.sentinel; key != (kernel.VirtualServerKey{}) && len(r.desired.vsOwners[key]) > 0 {
-		if _, err := r.k.IPVS.GetVirtualServer(key); errors.Is(err, kernel.ErrNotFound) {
-			return "virtual server " + key.String() + " is gone"
+	gen := r.writeGeneration()
+	r.mu.Unlock()
+	listed, listErr := r.k.IPVS.ListVirtualServers()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if listErr == nil && gen == r.writeGeneration() {
+		if drift := r.probeVirtualServers(listed); drift != "" {
+			return drift
 		}
 	}
 	if drift := r.probeSets(); drift != "" {
 		return drift
 	}
 	return r.probeRules()
+}
+
+// writeGeneration changes with every Delta applied and every full pass
+// (the writes the agent makes). Caller holds mu.
+func (r *Reconciler) writeGeneration() uint64 { return r.applies + r.stats.FullReconciles }
+
+// probeVirtualServers compares listed with every wanted virtual server
+// whose resources are not failed: gone, or another scheduler, flags,
+// timeout or netmask than the agent programs (ipvsadm -C, -D, -E). A
+// server nobody wants is the full pass's to find. Caller holds mu.
+func (r *Reconciler) probeVirtualServers(listed []kernel.VirtualServer) string {
+	have := make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(listed))
+	for _, vs := range listed {
+		have[vs.Key] = vs
+	}
+	scheduler := r.desired.settings().defaultScheduler
+	for key, owners := range r.desired.vsOwners {
+		if slices.ContainsFunc(owners, r.status.isFailed) {
+			continue
+		}
+		want, ok := r.desired.wantVS(key)
+		if !ok {
+			continue
+		}
+		cur, ok := have[key]
+		if !ok {
+			return "virtual server " + key.String() + " is gone"
+		}
+		if cur != want.kernelVS(scheduler) {
+			return "virtual server " + key.String() + " was changed"
+		}
+	}
+	return ""
 }
 
 // probeRules compares each family's iptables fingerprint with the one of

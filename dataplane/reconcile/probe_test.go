@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
 	"github.com/vsplane/vsplane/dataplane/rules"
+	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
 // probeRun starts Run with the period an hour away and a 10 ms probe.
@@ -45,9 +47,9 @@ func awaitProbe(t *testing.T, r *Reconciler, what string, cond func() bool) {
 }
 
 // TestDriftProbeRepairsBeforePeriod: with the period an hour away, a
-// flushed IPVS table, a destroyed set, a flushed set and a deleted entry
-// are each found by the probe and repaired by the full pass it runs, one
-// pass per drift.
+// flushed IPVS table, one virtual server deleted, one changed, a destroyed
+// set, a flushed set and a deleted entry are each found by the probe and
+// repaired by the full pass it runs, one pass per drift.
 func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 	mk := memory.New()
 	k := mk.Kernel()
@@ -72,12 +74,35 @@ func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 		t.Errorf("%d full reconciles after one flush, want 1", n)
 	}
 
+	// One virtual server deleted (ipvsadm -D), then one changed (ipvsadm
+	// -E: another scheduler).
+	if err := deleteVS(k, keyA); err != nil {
+		t.Fatal(err)
+	}
+	awaitProbe(t, r, "deleted virtual server re-added", func() bool {
+		_, err := k.IPVS.GetVirtualServer(keyA)
+		return err == nil && r.probe.hits == 2
+	})
+	vs, err := k.IPVS.GetVirtualServer(keyA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	programmed := vs
+	vs.Scheduler = "wrr"
+	if errs := k.IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.UpdateVirtualServer, Server: vs}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	awaitProbe(t, r, "changed virtual server restored", func() bool {
+		cur, err := k.IPVS.GetVirtualServer(keyA)
+		return err == nil && cur == programmed && r.probe.hits == 3
+	})
+
 	// A set nothing references (empty: no rule matches it) is destroyed.
 	name := rules.SetNodePortTCP.Name(kernel.FamilyIPv4)
 	if err := k.IPSets.(*memory.IPSets).DestroySet(name); err != nil {
 		t.Fatal(err)
 	}
-	awaitProbe(t, r, "destroyed set re-created", func() bool { return r.probe.hits == 2 })
+	awaitProbe(t, r, "destroyed set re-created", func() bool { return r.probe.hits == 4 })
 	sets, err := k.IPSets.ListSets()
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +125,7 @@ func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 	if err := k.IPSets.(*memory.IPSets).FlushSet(cip); err != nil {
 		t.Fatal(err)
 	}
-	awaitProbe(t, r, "flushed set refilled", func() bool { return r.probe.hits == 3 })
+	awaitProbe(t, r, "flushed set refilled", func() bool { return r.probe.hits == 5 })
 	if got, err := k.IPSets.ListEntries(cip); err != nil || len(got) != len(want) {
 		t.Errorf("%s holds %d entries (%v) after the probe's pass, want %d", cip, len(got), err, len(want))
 	}
@@ -108,12 +133,12 @@ func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 	if errs := k.IPSets.ApplyEntries([]kernel.EntryOp{{Kind: kernel.DelEntry, Set: set, Entry: want[0]}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	awaitProbe(t, r, "deleted entry re-added", func() bool { return r.probe.hits == 4 })
+	awaitProbe(t, r, "deleted entry re-added", func() bool { return r.probe.hits == 6 })
 	if got, err := k.IPSets.ListEntries(cip); err != nil || len(got) != len(want) {
 		t.Errorf("%s holds %d entries (%v) after the probe's pass, want %d", cip, len(got), err, len(want))
 	}
-	if n := r.Stats().FullReconciles - before; n != 4 {
-		t.Errorf("%d full reconciles after four drifts, want 4", n)
+	if n := r.Stats().FullReconciles - before; n != 6 {
+		t.Errorf("%d full reconciles after six drifts, want 6", n)
 	}
 }
 
@@ -121,7 +146,8 @@ func TestDriftProbeRepairsBeforePeriod(t *testing.T) {
 // kernel is as the last pass left it, even when that is wrong: a set of
 // another type under a managed name, which the pass reports but does not
 // replace (its error leaves the sets unknown, so the probe skips them
-// until a clean pass). Nor does a Delta deleting the sentinel's Service.
+// until a clean pass). Nor does a virtual server that is not the agent's
+// (another address), nor a Delta deleting every Service.
 func TestDriftProbeQuietWhenNothingDrifts(t *testing.T) {
 	mk := memory.New()
 	name := rules.SetNodePortTCP.Name(kernel.FamilyIPv4)
@@ -131,15 +157,15 @@ func TestDriftProbeQuietWhenNothingDrifts(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	r.mu.Lock()
-	sentinel, before := r.probe.sentinel, r.stats.FullReconciles
-	runs := r.probe.runs
-	r.mu.Unlock()
-	if sentinel == (kernel.VirtualServerKey{}) {
-		t.Fatal("no sentinel chosen by the first full pass")
+	foreign := kernel.VirtualServer{Key: kernel.AddrKey(netip.MustParseAddr("198.18.200.1"), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+	if errs := mk.Kernel().IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.AddVirtualServer, Server: foreign}}); errs[0] != nil {
+		t.Fatal(errs[0])
 	}
+	r.mu.Lock()
+	before, runs := r.stats.FullReconciles, r.probe.runs
+	r.mu.Unlock()
 	awaitProbe(t, r, "five probes", func() bool { return r.probe.runs >= runs+5 })
-	// Delete every Service: the sentinel is no longer wanted, and gone.
+	// Delete every Service: their virtual servers are no longer wanted.
 	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()))))
 	r.mu.Lock()
 	runs = r.probe.runs
@@ -149,5 +175,34 @@ func TestDriftProbeQuietWhenNothingDrifts(t *testing.T) {
 	defer r.mu.Unlock()
 	if r.probe.hits != 0 || r.stats.FullReconciles != before {
 		t.Errorf("probes found drift %d times and ran %d full passes; want none", r.probe.hits, r.stats.FullReconciles-before)
+	}
+}
+
+// TestDriftProbeSkipsFailedResources: a virtual server whose add failed
+// (the Delta was NACKed; retries run on their own backoff) is missing from
+// the kernel while wanted; the probe must not run a full pass for it at
+// every interval.
+func TestDriftProbeSkipsFailedResources(t *testing.T) {
+	mk := memory.New()
+	r := probeRun(t, mk, nil)
+	mk.SetFault(func(op string) error {
+		if op == "ipvs.AddVirtualServer" {
+			return fmt.Errorf("injected: %w", kernel.ErrUnsupported)
+		}
+		return nil
+	})
+	t.Cleanup(func() { mk.SetFault(nil) })
+	svcC := tcp("c", "198.18.0.12", 443, be("198.19.1.7", 8443))
+	if ack := apply(t, r, delta("c", svcC.resource())); ack.GetStatus() != vsplanev1.AckStatus_ACK_STATUS_NACK {
+		t.Fatalf("want NACK, got %v", ack.GetStatus())
+	}
+	r.mu.Lock()
+	runs := r.probe.runs
+	r.mu.Unlock()
+	awaitProbe(t, r, "five probes", func() bool { return r.probe.runs >= runs+5 })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.probe.hits != 0 {
+		t.Errorf("probes found drift %d times in the failed resource's missing server; want none", r.probe.hits)
 	}
 }

@@ -75,9 +75,10 @@ type Config struct {
 	// this long after its drain started is deleted (default 10 min;
 	// kube-proxy has no bound).
 	MaxDrain time.Duration
-	// ProbeInterval is how often, between full reconciles, a sentinel
-	// virtual server and the managed sets are checked for outside drift
-	// (probe.go; default 5s, negative disables).
+	// ProbeInterval is how often, between full reconciles, the virtual
+	// servers (without real servers), the managed sets' entry counts and
+	// the iptables fingerprints are checked for outside drift (probe.go;
+	// default 5s, negative disables).
 	ProbeInterval time.Duration
 
 	// Schedulers are the IPVS schedulers virtual servers and the node
@@ -121,6 +122,7 @@ type Reconciler struct {
 	status     resourceStatus  // applied / failed / recovered (status.go)
 	full       fullSchedule    // first Delta seen, last full reconcile (full.go)
 	probe      driftProbe      // between full reconciles (probe.go)
+	applies    uint64          // Deltas applied (writeGeneration)
 	retry      retryBackoff    // (retry.go)
 	drains     drainSet        // (drain.go)
 	rendered   renderMemo      // the last iptables renderings (iptables.go)

@@ -85,12 +85,17 @@ func newResourceStatus() resourceStatus {
 
 // wasApplied: version of name is applied and name has not failed since.
 func (s *resourceStatus) wasApplied(name, version string) bool {
-	_, failed := s.failed[name]
-	return !failed && s.applied[name] == version
+	return !s.isFailed(name) && s.applied[name] == version
 }
 
 // set records the outcome of resource name at version: applied when msgs
 // is empty, else failed with msgs.
+// isFailed: the resource's last outcome was a failure.
+func (s *resourceStatus) isFailed(name string) bool {
+	_, failed := s.failed[name]
+	return failed
+}
+
 func (s *resourceStatus) set(name, version string, msgs []string, retryable bool) {
 	if len(msgs) == 0 {
 		s.applied[name] = version
