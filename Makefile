@@ -175,10 +175,11 @@ bench:
 bench-vm: vm-deps kube
 	$(GO) test -tags vmbench -v -count=1 -timeout 60m -run 'TestVMBench$$|TestVMBenchEndToEnd|TestVMBenchBurstEndToEnd' ./e2e/vmbench
 
-## bench-kubeproxy: kube-proxy v1.37.2 (IPVS and nftables modes) and the agent side by side in one VM at 1k, 5k
-## and 10k Services, each with KP_QUIET of nothing changing (about 80 min; writes
-## bench/results/kubeproxy.{json,md}; KP_AGENT_ARGS adds agent flags, KP_REPORT another directory)
-KP_SERVICES ?= 1000,5000,10000
+## bench-kubeproxy: kube-proxy v1.37.2 (IPVS and nftables modes) and the agent side by side in one VM at 1k
+## and 5k Services, each with KP_QUIET of nothing changing (writes bench/results/kubeproxy.{json,md};
+## KP_AGENT_ARGS adds agent flags, KP_REPORT another directory). KP_SERVICES=10000 is not in the default:
+## nftables mode's first sync at 10k did not end within 22 minutes under TCG (README), past the timeout
+KP_SERVICES ?= 1000,5000
 KP_QUIET ?= 10m
 bench-kubeproxy: vm-deps kube
 	VSPLANE_VMBENCH_KP_SERVICES=$(KP_SERVICES) VSPLANE_VMBENCH_KP_QUIET=$(KP_QUIET) VSPLANE_VMBENCH_KP_AGENT_ARGS='$(KP_AGENT_ARGS)' \
