@@ -119,7 +119,8 @@ func TestVMControlPlaneFailover(t *testing.T) {
 				t.Fatalf("%s loop: %v\n%s", what, err, tail(out, 20))
 			}
 			if sum.Fail != 0 || sum.OK != requests {
-				t.Errorf("%s: %d ok, %d failed of %d\n%s", what, sum.OK, sum.Fail, requests, tail(out, 20))
+				t.Errorf("%s: %d ok, %d failed of %d; failures:\n%s\nlast lines:\n%s", what, sum.OK, sum.Fail, requests,
+					strings.Join(failLines(out), "\n"), tail(out, 5))
 			}
 		}
 		if after := writes(); fmt.Sprint(after) != fmt.Sprint(before) {

@@ -147,6 +147,43 @@ func TestRequestFailureExitsNonZero(t *testing.T) {
 	}
 }
 
+// TestRequestFailureSaysWhatTheSocketSaw: a failed request's line carries
+// its socket's TCP state and local port (read from a duplicate of the
+// socket, after Go closed its own) and the longest stall of the process,
+// so a failure in the VM can be told apart from a test bed that stalled.
+func TestRequestFailureSaysWhatTheSocketSaw(t *testing.T) {
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedAddr := refused.Addr().String()
+	refused.Close()
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	for _, tc := range []struct {
+		addr string
+		want []string
+	}{
+		{refusedAddr, []string{"connection refused", "tcp state CLOSE,", "local port "}},
+		{silent.Addr().String(), []string{"read answer", "tcp state ESTABLISHED,", "local port "}},
+	} {
+		var out, errOut bytes.Buffer
+		run(context.Background(), []string{"request", "--addr", tc.addr, "--count", "1", "--timeout", "300ms"}, &out, &errOut)
+		line, _, _ := strings.Cut(out.String(), "\n")
+		for _, w := range append(tc.want, " fail: ", "longest stall ", "took ") {
+			if !strings.Contains(line, w) {
+				t.Errorf("%s: failure line %q lacks %q", tc.addr, line, w)
+			}
+		}
+		if strings.Contains(line, "local port 0,") {
+			t.Errorf("%s: no local port in %q", tc.addr, line)
+		}
+	}
+}
+
 // TestRequestStopFile: --stop-file ends the loop between requests (none
 // cut short), the summary counts what was sent, and the exit is 0.
 func TestRequestStopFile(t *testing.T) {

@@ -104,10 +104,13 @@ func requestCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				break
 			}
 		}
+		started, stalls := time.Now(), startStallWatch()
 		line, err := once(ctx)
+		stall := stalls.stop()
 		if err != nil {
 			sum.Fail++
-			fmt.Fprintf(stdout, "%d fail: %v\n", i, err)
+			fmt.Fprintf(stdout, "%d fail: %v [at %s, took %v, longest stall %v]\n", i, err,
+				started.UTC().Format("15:04:05.000"), time.Since(started).Round(time.Millisecond), stall.Round(time.Millisecond))
 		} else {
 			sum.OK++
 			answer := line
@@ -159,9 +162,12 @@ func tcpOnce(ctx context.Context, addr string, timeout time.Duration, local *net
 		// while the last connection from it is in TIME_WAIT.
 		d.Control = reuseAddr
 	}
+	witness := newSocketWitness()
+	defer witness.close()
+	d.Control = witness.control(d.Control)
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return "", err
+		return "", &requestError{err: err, socket: witness.describe()}
 	}
 	defer conn.Close()
 	dl, _ := ctx.Deadline()
@@ -170,10 +176,25 @@ func tcpOnce(ctx context.Context, addr string, timeout time.Duration, local *net
 	// A server that writes its answer and closes (agnhost serve-hostname
 	// --tcp) ends it with EOF, not a newline.
 	if err != nil && !(errors.Is(err, io.EOF) && strings.TrimSpace(line) != "") {
-		return "", fmt.Errorf("read answer: %w", err)
+		return "", &requestError{err: fmt.Errorf("read answer: %w", err), socket: witness.describe()}
 	}
 	return strings.TrimSpace(line), nil
 }
+
+// requestError is a failed request with what its socket said at the time.
+type requestError struct {
+	err    error
+	socket string
+}
+
+func (e *requestError) Error() string {
+	if e.socket == "" {
+		return e.err.Error()
+	}
+	return fmt.Sprintf("%v [%s]", e.err, e.socket)
+}
+
+func (e *requestError) Unwrap() error { return e.err }
 
 // reuseAddr sets SO_REUSEADDR: the same local port again at once.
 func reuseAddr(_, _ string, c syscall.RawConn) error {
