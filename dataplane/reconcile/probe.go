@@ -86,10 +86,8 @@ func (r *Reconciler) writeGeneration() uint64 { return r.applies + r.stats.FullR
 // timeout or netmask than the agent programs (ipvsadm -C, -D, -E). A
 // server nobody wants is the full pass's to find. Caller holds mu.
 func (r *Reconciler) probeVirtualServers(listed []kernel.VirtualServer) string {
-	have := make(map[kernel.VirtualServerKey]kernel.VirtualServer, len(listed))
-	for _, vs := range listed {
-		have[vs.Key] = vs
-	}
+	// Reads are sorted by key (kernel.IPVS's contract): a binary search per
+	// desired server, no map of the whole table at every probe.
 	scheduler := r.desired.settings().defaultScheduler
 	for key, owners := range r.desired.vsOwners {
 		if slices.ContainsFunc(owners, r.status.isFailed) {
@@ -99,11 +97,13 @@ func (r *Reconciler) probeVirtualServers(listed []kernel.VirtualServer) string {
 		if !ok {
 			continue
 		}
-		cur, ok := have[key]
+		i, ok := slices.BinarySearchFunc(listed, key, func(vs kernel.VirtualServer, k kernel.VirtualServerKey) int {
+			return vs.Key.Compare(k)
+		})
 		if !ok {
 			return "virtual server " + key.String() + " is gone"
 		}
-		if cur != want.kernelVS(scheduler) {
+		if listed[i] != want.kernelVS(scheduler) {
 			return "virtual server " + key.String() + " was changed"
 		}
 	}
