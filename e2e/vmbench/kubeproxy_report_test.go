@@ -463,20 +463,26 @@ func kubeProxySyncs(t *testing.T, ctx context.Context, probe *vm.Probe) map[stri
 }
 
 // awaitKubeProxySyncs waits until each kube-proxy (by node) has ended a
-// sync more than before says.
+// sync more than before says (10 minutes at most each).
 func awaitKubeProxySyncs(t *testing.T, ctx context.Context, probe *vm.Probe, before map[string]syncMetrics) {
 	t.Helper()
 	for node, b := range before {
-		if err := cluster.Await(ctx, 10*time.Minute, 100*time.Millisecond, func(ctx context.Context) error {
-			m, err := kpMetrics(ctx, probe, node)
-			if err == nil && m.syncs <= b.syncs {
-				err = fmt.Errorf("kube-proxy on %s: sync still running (%d syncs)", node, m.syncs)
-			}
-			return err
-		}); err != nil {
+		if err := awaitSyncsAbove(ctx, probe, node, b.syncs, 10*time.Minute, 100*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// awaitSyncsAbove polls the metrics of kube-proxy on node every interval,
+// for bound at most, until it has ended more than syncs syncs.
+func awaitSyncsAbove(ctx context.Context, probe *vm.Probe, node string, syncs int, bound, interval time.Duration) error {
+	return cluster.Await(ctx, bound, interval, func(ctx context.Context) error {
+		m, err := kpMetrics(ctx, probe, node)
+		if err == nil && m.syncs <= syncs {
+			err = fmt.Errorf("kube-proxy on %s: %d syncs ended, waiting for more than %d", node, m.syncs, syncs)
+		}
+		return err
+	})
 }
 
 // kpChange reads Service name and its slice, replaces endpoint j's address

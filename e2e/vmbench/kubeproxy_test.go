@@ -224,13 +224,7 @@ func runKubeProxyBench(t *testing.T, ctx context.Context, n, changes int, dualSt
 		t.Fatalf("kube-proxy cold start: %v", err)
 	}
 	r.KubeProxy.ColdIPVSSeconds = ev.At.Sub(t0).Seconds()
-	if err := cluster.Await(ctx, time.Until(deadline(ctx)), 200*time.Millisecond, func(ctx context.Context) error {
-		m, err := kpMetrics(ctx, probe, kpNode)
-		if err == nil && m.syncs < 1 {
-			err = errors.New("kube-proxy's first sync has not finished")
-		}
-		return err
-	}); err != nil {
+	if err := awaitSyncsAbove(ctx, probe, kpNode, 0, time.Until(deadline(ctx)), 200*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	r.KubeProxy.ColdSyncedSeconds = time.Since(t0).Seconds()
@@ -350,13 +344,7 @@ func coldStartNFT(t *testing.T, ctx context.Context, c *cluster.Cluster, probe *
 	if _, err := c.StartKubeProxy(ctx, nftNode, o); err != nil {
 		t.Fatal(err)
 	}
-	if err := cluster.Await(ctx, time.Until(deadline(ctx)), interval, func(ctx context.Context) error {
-		m, err := kpMetrics(ctx, probe, nftNode)
-		if err == nil && m.syncs < 1 {
-			err = errors.New("kube-proxy's first sync has not finished")
-		}
-		return err
-	}); err != nil {
+	if err := awaitSyncsAbove(ctx, probe, nftNode, 0, time.Until(deadline(ctx)), interval); err != nil {
 		t.Fatalf("kube-proxy (nftables) cold start: %v", err)
 	}
 	s := r.KubeProxyNFT
