@@ -187,7 +187,7 @@ func New(cfg Config) (*Replica, error) {
 			}
 		}
 	}
-	metrics, err := cpmetrics.New(reg, nil)
+	metrics, err := cpmetrics.New(reg)
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}

@@ -70,11 +70,11 @@ func (s *Server) localAgents(omitVersions bool, versionsOf []string) []*vsplanev
 	if len(versionsOf) > 0 {
 		infos = s.agents.ListAgentsOf(versionsOf)
 	} else {
-		infos = s.agents.ListAgents()
+		infos = s.agents.ListAgents(!omitVersions)
 	}
 	for _, in := range infos {
 		in.Replica = s.self()
-		if omitVersions {
+		if omitVersions { // of versionsOf's (ListAgents left them out)
 			in.AcknowledgedVersions, in.Nacked = nil, nil
 		}
 	}

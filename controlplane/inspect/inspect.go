@@ -28,8 +28,10 @@ import (
 // Agents is the view of the agents connected to this replica.
 // *stream.Registry satisfies it. Results are copies the caller may keep.
 type Agents interface {
-	// ListAgents returns every connected agent, sorted by node name.
-	ListAgents() []*vsplanev1.AgentInfo
+	// ListAgents returns every connected agent, sorted by node name;
+	// without versions, acknowledged_versions and nacked are left out (and
+	// not copied).
+	ListAgents(withVersions bool) []*vsplanev1.AgentInfo
 	// ListAgentsOf is ListAgents reporting only the resources names
 	// (acknowledged and NACKed versions), without pending counts.
 	ListAgentsOf(names []string) []*vsplanev1.AgentInfo

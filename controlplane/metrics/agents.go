@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -19,12 +18,9 @@ var (
 )
 
 // agentsCollector computes the per-agent gauges at scrape time. The pending
-// count comes from Agents (O(1) for an agent known to be in sync, else one
-// pass over its node's desired state); the oldest trigger needs a second
-// pass, done only for nodes that lag.
+// count and lag come from Agents (O(1) for an agent known to be in sync,
+// else one pass over its node's desired state, copying nothing).
 type agentsCollector struct {
-	now func() time.Time
-
 	mu      sync.Mutex
 	agents  Agents
 	desired Desired
@@ -58,7 +54,6 @@ func (c *agentsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	infos := agents.ListAgentsPending()
 	ch <- prometheus.MustNewConstMetric(connectedDesc, prometheus.GaugeValue, float64(len(infos)))
-	now := c.now()
 	for _, info := range infos {
 		node := info.GetNodeName()
 		if desired != nil && !desired.Has(node) {
@@ -66,31 +61,9 @@ func (c *agentsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(info.GetPendingResources()), node)
 		lag := 0.0
-		if info.GetPendingResources() > 0 && desired != nil {
-			if oldest := oldestPending(desired, node, info.GetAcknowledgedVersions()); !oldest.IsZero() {
-				lag = max(now.Sub(oldest), 0).Seconds()
-			}
+		if info.GetPendingResources() > 0 && info.GetLag() != nil {
+			lag = max(info.GetLag().AsDuration(), 0).Seconds()
 		}
 		ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, lag, node)
 	}
-}
-
-// oldestPending returns the earliest trigger time among node's desired
-// resources whose version differs from the acknowledged one (zero if none
-// has a trigger time). Pending removals have no trigger time left to read.
-func oldestPending(d Desired, node string, acked map[string]string) time.Time {
-	res, _, ok := d.List(node)
-	if !ok {
-		return time.Time{}
-	}
-	var oldest time.Time
-	for _, e := range res {
-		if v, ok := acked[e.Resource.GetName()]; ok && v == e.Resource.GetVersion() {
-			continue
-		}
-		if t := e.Trigger; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
-			oldest = t
-		}
-	}
-	return oldest
 }

@@ -8,7 +8,6 @@ package metrics
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -32,16 +31,13 @@ func NetworkProgrammingBuckets() []float64 {
 // *stream.Registry satisfies it.
 type Agents interface {
 	// ListAgentsPending returns every connected agent with NodeName and
-	// PendingResources filled, and AcknowledgedVersions for those with
-	// pending resources.
+	// PendingResources filled, and Lag (the age of the oldest pending
+	// change's trigger) for those with pending resources.
 	ListAgentsPending() []*vsplanev1.AgentInfo
 }
 
 // Desired is the per-node desired state; *snapshot.Store satisfies it.
 type Desired interface {
-	// List returns node's resources with their trigger times (read
-	// together, see stream.Source).
-	List(node string) ([]stream.Entry, string, bool)
 	// Has reports whether node is in the desired state (a known Node).
 	Has(node string) bool
 }
@@ -51,8 +47,6 @@ type Desired interface {
 // time from Agents, so a disconnected agent's series disappear with it and a
 // replaced stream is never counted twice.
 type ControlPlane struct {
-	now func() time.Time
-
 	programming  prometheus.Histogram
 	queue        prometheus.Histogram
 	nacks        *prometheus.CounterVec
@@ -70,17 +64,12 @@ type ControlPlane struct {
 	agentsSource *agentsCollector
 }
 
-// New registers the control plane's metrics on reg. now is the clock for the
-// lag gauges (nil means time.Now).
-func New(reg prometheus.Registerer, now func() time.Time) (*ControlPlane, error) {
+// New registers the control plane's metrics on reg.
+func New(reg prometheus.Registerer) (*ControlPlane, error) {
 	if reg == nil {
 		return nil, errors.New("metrics: a Registerer is required")
 	}
-	if now == nil {
-		now = time.Now
-	}
 	m := &ControlPlane{
-		now: now,
 		programming: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "kubeproxy", Name: "network_programming_duration_seconds",
 			Help: "In-cluster network programming latency: from a Service/EndpointSlice change (its trigger time) " +
@@ -142,7 +131,7 @@ func New(reg prometheus.Registerer, now func() time.Time) (*ControlPlane, error)
 			Name: "vsplane_controlplane_agent_streams_rejected_total",
 			Help: "Agent streams refused before they were accepted, by reason (unauthenticated, permission_denied, protocol_error, hello_timeout, shutdown, transport).",
 		}, []string{"reason"}),
-		agentsSource: &agentsCollector{now: now},
+		agentsSource: &agentsCollector{},
 	}
 	for _, c := range []prometheus.Collector{m.programming, m.queue, m.nacks, m.acks, m.deltas, m.resources,
 		m.removed, m.bytes, m.connects, m.disconnects, m.agentApply, m.kernelOps, m.closed, m.rejected, m.agentsSource} {

@@ -3,6 +3,7 @@ package metrics
 import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"strings"
 	"testing"
 	"time"
@@ -15,10 +16,10 @@ import (
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
 
-func newTest(t *testing.T, now time.Time) (*ControlPlane, *prometheus.Registry) {
+func newTest(t *testing.T) (*ControlPlane, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	m, err := New(reg, func() time.Time { return now })
+	m, err := New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string) (uint64, flo
 
 func TestAckObservesProgrammingLatencyForAppliedResources(t *testing.T) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	m, reg := newTest(t, base)
+	m, reg := newTest(t)
 	var chained []string
 	h := m.Hooks(stream.Hooks{OnAck: func(ev stream.AckEvent) { chained = append(chained, ev.Node) }})
 	m.Track(fakeAgents{}, fakeDesired{res: map[string][]*vsplanev1.Resource{"a": nil, "b": nil}})
@@ -141,7 +142,7 @@ func TestAckObservesProgrammingLatencyForAppliedResources(t *testing.T) {
 }
 
 func TestDeltaSentCountsResourcesAndBytes(t *testing.T) {
-	m, _ := newTest(t, time.Now())
+	m, _ := newTest(t)
 	h := m.Hooks(stream.Hooks{})
 	d := &vsplanev1.Delta{Nonce: "1", Resources: []*vsplanev1.Resource{{Name: "a", Version: "1"}, {Name: "b", Version: "2"}},
 		Removed: []string{"c"}}
@@ -168,23 +169,13 @@ type fakeAgents []*vsplanev1.AgentInfo
 func (f fakeAgents) ListAgentsPending() []*vsplanev1.AgentInfo { return f }
 
 type fakeDesired struct {
-	res      map[string][]*vsplanev1.Resource
-	triggers map[string]time.Time // node/name
+	res map[string][]*vsplanev1.Resource // by node
 }
 
-func (f fakeDesired) List(node string) ([]stream.Entry, string, bool) {
-	rs, ok := f.res[node]
-	var out []stream.Entry
-	for _, r := range rs {
-		out = append(out, stream.Entry{Resource: r, Trigger: f.triggers[node+"/"+r.GetName()]})
-	}
-	return out, "v", ok
-}
 func (f fakeDesired) Has(node string) bool { _, ok := f.res[node]; return ok }
 
 func TestAgentGaugesAtScrapeTime(t *testing.T) {
-	now := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)
-	m, reg := newTest(t, now)
+	m, reg := newTest(t)
 	if got := gauge(t, reg, "vsplane_controlplane_connected_agents", ""); got != 0 {
 		t.Errorf("connected before Track = %v, want 0", got)
 	}
@@ -193,11 +184,10 @@ func TestAgentGaugesAtScrapeTime(t *testing.T) {
 			"a": {{Name: "x", Version: "1"}},
 			"b": {{Name: "x", Version: "2"}, {Name: "y", Version: "1"}},
 		},
-		triggers: map[string]time.Time{"b/x": now.Add(-7 * time.Second), "b/y": now.Add(-3 * time.Second)},
 	}
 	agents := fakeAgents{
-		{NodeName: "a", AcknowledgedVersions: map[string]string{"x": "1"}},
-		{NodeName: "b", AcknowledgedVersions: map[string]string{"x": "1"}, PendingResources: 2},
+		{NodeName: "a"},
+		{NodeName: "b", PendingResources: 2, Lag: durationpb.New(7 * time.Second)},
 	}
 	m.Track(agents, desired)
 	for _, c := range []struct {
@@ -231,7 +221,7 @@ func TestAgentGaugesAtScrapeTime(t *testing.T) {
 }
 
 func TestStreamEndsAreCountedByReason(t *testing.T) {
-	m, _ := newTest(t, time.Now())
+	m, _ := newTest(t)
 	h := m.Hooks(stream.Hooks{})
 	h.OnDisconnect("a", nil)
 	h.OnDisconnect("a", status.Error(codes.Unavailable, "transport is closing"))
@@ -250,14 +240,14 @@ func TestStreamEndsAreCountedByReason(t *testing.T) {
 }
 
 func TestNewRejectsNilAndDuplicateRegistration(t *testing.T) {
-	if _, err := New(nil, nil); err == nil {
+	if _, err := New(nil); err == nil {
 		t.Error("New(nil) succeeded")
 	}
 	reg := prometheus.NewRegistry()
-	if _, err := New(reg, nil); err != nil {
+	if _, err := New(reg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(reg, nil); err == nil {
+	if _, err := New(reg); err == nil {
 		t.Error("second New on the same registry succeeded")
 	}
 }

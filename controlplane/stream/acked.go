@@ -80,3 +80,18 @@ func (st *agentState) ackedAll() map[string]string {
 	}
 	return out
 }
+
+// ackedLen is len(ackedAll()) without the copy. st.mu is held.
+func (st *agentState) ackedLen() int {
+	n := len(st.sent)
+	for name, d := range st.ackDiff {
+		_, inSent := st.sent[name]
+		switch {
+		case d.has && !inSent:
+			n++
+		case !d.has && inSent:
+			n--
+		}
+	}
+	return n
+}

@@ -35,6 +35,9 @@ func TestAckedOverlayMatchesTwoMaps(t *testing.T) {
 		if !maps.Equal(st.sent, sent) || !maps.Equal(st.ackedAll(), acked) {
 			t.Fatalf("step %d: sent %v acked %v, want %v %v", step, st.sent, st.ackedAll(), sent, acked)
 		}
+		if n := st.ackedLen(); n != len(acked) {
+			t.Fatalf("step %d: ackedLen %d, want %d", step, n, len(acked))
+		}
 		for n, d := range st.ackDiff {
 			if sv, ok := sent[n]; ok == d.has && (!ok || sv == d.v) {
 				t.Fatalf("step %d: exception %s=%+v equals sent", step, n, d)

@@ -52,8 +52,11 @@ func TestPendingOfAnAgentInSyncIsNotListed(t *testing.T) {
 	if s, g, _ := pending(); s != 1 || g != 1 {
 		t.Fatalf("pending with b2 in flight = %d, %d; want 1", s, g)
 	}
-	if l := reg.ListAgentsPending(); l[0].GetAcknowledgedVersions()["service/default/b"] != "b1" || l[0].GetLag() == nil {
-		t.Fatalf("a lagging agent's scrape info lacks its acknowledged versions or lag: %v", l[0])
+	if l := reg.ListAgentsPending(); l[0].GetLag() == nil || l[0].GetAcknowledgedVersions() != nil {
+		t.Fatalf("a lagging agent's scrape info: want its lag and no copy of its versions, got %v", l[0])
+	}
+	if info, _ := reg.Agent("n1"); info.GetAcknowledgedVersions()["service/default/b"] != "b1" || info.GetPendingResources() != 1 {
+		t.Fatalf("a lagging agent's info lacks its acknowledged versions or pending count: %v", info)
 	}
 	a.ack(d.GetNonce())
 	e.waitAck(d.GetNonce())

@@ -296,7 +296,7 @@ func TestRegistryListsAgentsAndForgetsClosedOnes(t *testing.T) {
 	a2.delta()
 	a1.send(&vsplanev1.ConnectRequest{Message: &vsplanev1.ConnectRequest_Status{Status: &vsplanev1.AgentStatus{DriftRepaired: 3}}})
 	waitFor(t, func() bool { return e.srv.Registry().LastStatus("n1").GetDriftRepaired() == 3 })
-	list := e.srv.Registry().ListAgents()
+	list := e.srv.Registry().ListAgents(true)
 	if len(list) != 2 || list[0].GetNodeName() != "n1" || list[1].GetNodeName() != "n2" {
 		t.Fatalf("ListAgents = %v", list)
 	}
@@ -304,6 +304,10 @@ func TestRegistryListsAgentsAndForgetsClosedOnes(t *testing.T) {
 	if got.GetAgentVersion() != "test" || got.GetPeer() == "" || got.GetConnectedSince() == nil ||
 		got.GetCapabilities().GetIpvsSchedulers()[0] != "rr" || got.GetPendingResources() != 1 {
 		t.Fatalf("agent info = %v", got)
+	}
+	if compact := e.srv.Registry().ListAgents(false); compact[0].GetAcknowledgedVersions() != nil || compact[0].GetNacked() != nil ||
+		compact[0].GetPendingResources() != got.GetPendingResources() || compact[0].GetAgentVersion() != "test" {
+		t.Fatalf("ListAgents without versions = %v; want the same info, pending %d, and no versions", compact[0], got.GetPendingResources())
 	}
 	a1.cancel()
 	waitFor(t, func() bool { return e.srv.Registry().Len() == 1 })

@@ -689,7 +689,7 @@ func (c *Cluster) AwaitAcked(ctx context.Context, timeout time.Duration) error {
 	return Await(ctx, timeout, 200*time.Millisecond, func(ctx context.Context) error {
 		agents := map[string]*vsplanev1.AgentInfo{}
 		if c.Replica != nil {
-			for _, a := range c.Replica.Streams.Registry().ListAgents() {
+			for _, a := range c.Replica.Streams.Registry().ListAgents(false) {
 				agents[a.GetNodeName()] = a
 			}
 		} else {

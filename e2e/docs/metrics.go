@@ -55,7 +55,7 @@ var descRE = regexp.MustCompile(`fqName: "([^"]*)", help: "((?:[^"\\]|\\.)*)",.*
 // register themselves (not the Go and process collectors), by binary.
 func Registered() (controlPlane, agent []Metric, err error) {
 	cp := &recorder{}
-	if _, err := cpmetrics.New(cp, time.Now); err != nil {
+	if _, err := cpmetrics.New(cp); err != nil {
 		return nil, nil, err
 	}
 	if _, err := engine.New(engine.Config{Metrics: cp}, snapshot.NewStore(), zap.NewNop()); err != nil {

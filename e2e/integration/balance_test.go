@@ -107,7 +107,7 @@ func TestAgentsSpreadOverReplicas(t *testing.T) {
 	inSync := func(rs ...int) string {
 		n := 0
 		for _, i := range rs {
-			for _, info := range replicas[i].Streams.Registry().ListAgents() {
+			for _, info := range replicas[i].Streams.Registry().ListAgents(false) {
 				if info.GetLastAck() != nil && info.GetPendingResources() == 0 {
 					n++
 				}
@@ -173,7 +173,7 @@ func TestAgentsSpreadOverReplicas(t *testing.T) {
 	// twice (age minus gRPC's 10% jitter), then count.
 	eventually(t, 2*time.Minute, func() string {
 		for i := range 3 {
-			for _, info := range replicas[i].Streams.Registry().ListAgents() {
+			for _, info := range replicas[i].Streams.Registry().ListAgents(false) {
 				if info.GetConnectedSince().AsTime().Before(restarted.Add(2 * age * 9 / 10)) {
 					return fmt.Sprintf("%s has not moved twice yet (on replica %d)", info.GetNodeName(), i)
 				}

@@ -398,7 +398,7 @@ func quietCPU(t *testing.T, ctx context.Context, probe *vm.Probe, quiet time.Dur
 // agentInfo is the control plane's record of node's agent, once it
 // acknowledged something.
 func agentInfo(c *cluster.Cluster, node string) (*vsplanev1.AgentInfo, error) {
-	for _, a := range c.Replica.Streams.Registry().ListAgents() {
+	for _, a := range c.Replica.Streams.Registry().ListAgents(false) {
 		if a.GetNodeName() == node && a.GetLastAck() != nil {
 			return a, nil
 		}
