@@ -27,7 +27,9 @@ const ProfileEnv = "FANOUT_PROFILE"
 // profile (it runs with --profiling) every interval until the
 // returned function is called, and once more then: cp-<phase>-heap-N.pb.gz,
 // N counting up (`go tool pprof -sample_index=inuse_space` on the one
-// taken nearest the peak RSS, which the log names with its RSS).
+// taken nearest the peak RSS, which the log names with its RSS). Each
+// fetch runs a GC first (?gc=1): without it inuse_space is the heap of the
+// last GC, which at a few hundred MB of heap can be a whole phase old.
 func (b *bench) profileHeaps(phase string, interval time.Duration) (stop func()) {
 	dir := os.Getenv(ProfileEnv)
 	if dir == "" {
@@ -42,7 +44,7 @@ func (b *bench) profileHeaps(phase string, interval time.Duration) (stop func())
 		out := filepath.Join(dir, fmt.Sprintf("cp-%s-heap-%02d.pb.gz", phase, n))
 		n++
 		st, _ := readProcStat(b.cp.Pid())
-		if err := b.cp.fetch(b.ctx, "/debug/pprof/heap", out); err != nil {
+		if err := b.cp.fetch(b.ctx, "/debug/pprof/heap?gc=1", out); err != nil {
 			b.t.Logf("heap profile: %v", err)
 			return
 		}
