@@ -1,8 +1,7 @@
 package stream
 
-import "maps"
-
-// What an agent holds, kept as one map plus the few names that differ.
+// What an agent holds, kept as one version set (versionset.go) plus the few
+// names that differ.
 //
 // A stream tracks two views of its agent's resources: sent (what the agent
 // holds or will hold once its in-flight Deltas apply; the next Delta is
@@ -15,7 +14,8 @@ import "maps"
 //
 // Both live in agentState and are written by the stream's goroutine under
 // st.mu; that goroutine reads sent without the lock (it is the only
-// writer), the Registry reads both under it.
+// writer, and reads of a versionSet do not change it), the Registry reads
+// both under it.
 
 // ackedVersion is an acknowledged version, or its absence (!has).
 type ackedVersion struct {
@@ -29,8 +29,7 @@ func (st *agentState) ackedOf(name string) (string, bool) {
 	if d, ok := st.ackDiff[name]; ok {
 		return d.v, d.has
 	}
-	v, ok := st.sent[name]
-	return v, ok
+	return st.sent.Get(name)
 }
 
 // setAcked records name's acknowledged version (or absence). st.mu is held.
@@ -38,7 +37,7 @@ func (st *agentState) setAcked(name, v string, has bool) {
 	if !has {
 		v = ""
 	}
-	if sv, sHas := st.sent[name]; sHas == has && (!has || sv == v) {
+	if sv, sHas := st.sent.Get(name); sHas == has && (!has || sv == v) {
 		delete(st.ackDiff, name)
 		if len(st.ackDiff) == 0 {
 			// A Go map keeps its size when emptied: an agent in sync
@@ -57,20 +56,13 @@ func (st *agentState) setAcked(name, v string, has bool) {
 // (!has), leaving its acknowledged version as it was. st.mu is held.
 func (st *agentState) setSent(name, v string, has bool) {
 	av, aHas := st.ackedOf(name)
-	if has {
-		st.sent[name] = v
-	} else {
-		delete(st.sent, name)
-	}
+	st.sent.Set(name, v, has)
 	st.setAcked(name, av, aHas)
 }
 
 // ackedAll returns a copy of every acknowledged version. st.mu is held.
 func (st *agentState) ackedAll() map[string]string {
-	out := maps.Clone(st.sent)
-	if out == nil {
-		out = map[string]string{}
-	}
+	out := st.sent.Map()
 	for name, d := range st.ackDiff {
 		if d.has {
 			out[name] = d.v
@@ -83,9 +75,9 @@ func (st *agentState) ackedAll() map[string]string {
 
 // ackedLen is len(ackedAll()) without the copy. st.mu is held.
 func (st *agentState) ackedLen() int {
-	n := len(st.sent)
+	n := st.sent.Len()
 	for name, d := range st.ackDiff {
-		_, inSent := st.sent[name]
+		_, inSent := st.sent.Get(name)
 		switch {
 		case d.has && !inSent:
 			n++

@@ -63,11 +63,11 @@ func (ss *session) sendNext() (bool, error) {
 			}
 		}
 		sysVersion, ss.lastSys = sv, sv
-		set := make(map[string]struct{}, len(res)+len(ss.st.sent))
+		set := make(map[string]struct{}, len(res)+ss.st.sent.Len())
 		for _, e := range res {
 			set[e.Resource.GetName()] = struct{}{}
 		}
-		for n := range ss.st.sent {
+		for n := range ss.st.sent.All() {
 			set[n] = struct{}{}
 		}
 		for _, name := range slices.Sorted(maps.Keys(set)) {
@@ -149,8 +149,12 @@ func (ss *session) resumed(res []Entry, sv string) (bool, error) {
 	claim := ss.state.claim
 	if claim.systemVersion == sv && int(claim.count) == len(res) {
 		ss.st.mu.Lock()
-		for _, e := range res {
-			ss.st.sent[e.Resource.GetName()] = e.Resource.GetVersion() // shares the store's strings
+		if ss.st.sent.Len() == 0 { // as after a Hello without versions
+			ss.st.sent = versionSetOf(res) // shares the store's strings
+		} else {
+			for _, e := range res {
+				ss.st.sent.Set(e.Resource.GetName(), e.Resource.GetVersion(), true)
+			}
 		}
 		ss.st.mu.Unlock()
 		ss.log.Info("agent resumed by system version: it holds the node's desired state",
@@ -170,7 +174,7 @@ func (ss *session) decide(name string, e Entry, found bool,
 	upserts []Entry, removed []string) ([]Entry, []string) {
 	if found {
 		v := e.Resource.GetVersion()
-		if sv, ok := ss.st.sent[name]; ok && sv == v {
+		if sv, ok := ss.st.sent.Get(name); ok && sv == v {
 			return upserts, removed
 		}
 		if nv, ok := ss.st.nacked[name]; ok && nv.version == v {
@@ -178,7 +182,7 @@ func (ss *session) decide(name string, e Entry, found bool,
 		}
 		return append(upserts, e), removed
 	}
-	if _, held := ss.st.sent[name]; held {
+	if _, held := ss.st.sent.Get(name); held {
 		removed = append(removed, name)
 	}
 	return upserts, removed

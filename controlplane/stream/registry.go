@@ -37,7 +37,7 @@ type agentState struct {
 	capabilities   *vsplanev1.Capabilities
 	// sent and ackDiff: what the agent holds once its Deltas apply, and
 	// where its acknowledged state differs (acked.go).
-	sent    map[string]string
+	sent    *versionSet
 	ackDiff map[string]ackedVersion
 	// nacked: name -> the version the agent NACKed and has not applied
 	// since, with its error; not resent until the desired version changes.

@@ -114,9 +114,8 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 	if p, ok := peer.FromContext(stream.Context()); ok && p.Addr != nil {
 		peerAddr = p.Addr.String()
 	}
-	// The Hello's own map becomes the session's: a reconnecting fleet's
-	// Hellos hold every version each agent has, and a copy per stream
-	// doubled the replica's heap in a reconnect storm (e2e/fanout).
+	// The Hello's versions become the session's set (versionset.go), which
+	// keeps the Hello's strings and lets its map go.
 	held := hello.GetResourceVersions()
 	if held == nil {
 		held = map[string]string{}
@@ -133,7 +132,7 @@ func (s *Server) accept(stream vsplanev1.AgentService_ConnectServer) (*session, 
 		peer:           peerAddr,
 		connectedSince: s.opts.Clock.Now(),
 		capabilities:   hello.GetCapabilities(),
-		sent:           held, // acknowledged too: ackDiff is empty
+		sent:           newVersionSet(held), // acknowledged too: ackDiff is empty
 		nacked:         map[string]nackedVersion{},
 	}
 	log := s.log.With(zap.String("node", node), zap.String("peer", peerAddr))
@@ -411,7 +410,7 @@ func (ss *session) handleHeldVersions(hv *vsplanev1.HeldVersions) error {
 	}
 	delete(held, "")
 	ss.st.mu.Lock()
-	ss.st.sent = held // acknowledged too: nothing was sent, ackDiff is empty
+	ss.st.sent = newVersionSet(held) // acknowledged too: nothing was sent, ackDiff is empty
 	ss.st.mu.Unlock()
 	ss.log.Info("agent listed the versions it holds", zap.Int("heldResources", len(held)))
 	return nil
