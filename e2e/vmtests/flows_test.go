@@ -116,7 +116,8 @@ type flowPhase struct {
 // without it the flows of a re-created Service stay stuck (UDP) or wait
 // out conntrack's SCTP timeouts. kube-proxy's flows are reported beside
 // them (VSPLANE_FLOW_REPORT writes the table, VSPLANE_FLOW_LOGS every
-// flow's log).
+// flow's log). Before the flows, checkPortReuseAcrossServices compares the
+// two proxies on one client port used towards two Services of one Pod.
 func TestVMFlowsAcrossChanges(t *testing.T) {
 	run := newVMRun(t, 9*time.Minute)
 	ctx, phase := run.ctx, run.phase
@@ -225,6 +226,9 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("kube-proxy's rules for the outside flows: %v", err)
 	}
+	checkPortReuseAcrossServices(t, ctx, c, "pod-y", []portReuseSide{
+		{"kube-proxy", kp, &c.Pods["cli-k"].Netns, true}, {"vsplane", agent, &c.Pods["cli-v"].Netns, true}, {"vsplane", agent, client2, false}})
+	phase("port reuse across Services")
 	m.start(t)
 	t.Cleanup(func() { m.stop() })
 

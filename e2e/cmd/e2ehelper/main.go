@@ -3,7 +3,7 @@
 //
 //	e2ehelper serve   --name NAME [--tcp ADDR] [--udp ADDR]
 //	e2ehelper request --proto tcp|udp --addr HOST:PORT [--count N] [--timeout D] [--interval D] [--source-from IP] [--source-port P] [--stop-file PATH]
-//	e2ehelper hold    --addr HOST:PORT [--interval D] [--duration D] [--timeout D]
+//	e2ehelper hold    --addr HOST:PORT [--interval D] [--duration D] [--timeout D] [--source-port P]
 //	e2ehelper flow    --addr HOST:PORT --source-port P --phase-file PATH --stop-file PATH [--interval D] [--timeout D] [--max N]
 //	e2ehelper wait    --addr HOST:PORT [--timeout D]
 //	e2ehelper connect-proxy [--listen ADDR] [--allow CIDR,...]

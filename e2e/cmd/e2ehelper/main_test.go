@@ -52,12 +52,8 @@ func startServe(t *testing.T, name string) (tcpAddr, udpAddr string) {
 			t.Errorf("serve exited %d: %s", code, out.String())
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(out.String(), "ready") {
-		if time.Now().After(deadline) {
-			t.Fatalf("serve not ready: %s", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := awaitOutput(&out, "ready", 10*time.Second); err != nil {
+		t.Fatalf("serve not ready: %v", err)
 	}
 	for _, m := range servingRE.FindAllStringSubmatch(out.String(), -1) {
 		if m[1] == "tcp" {
@@ -195,12 +191,8 @@ func TestRequestStopFile(t *testing.T) {
 		done <- run(context.Background(), []string{"request", "--addr", tcpAddr, "--count", "100000",
 			"--interval", "5ms", "--stop-file", stop}, out, io.Discard)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(out.String(), "3 ok") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no third answer: %s", out.String())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := awaitOutput(out, "3 ok", 10*time.Second); err != nil {
+		t.Fatalf("no third answer: %v", err)
 	}
 	if err := os.WriteFile(stop, nil, 0o644); err != nil {
 		t.Fatal(err)

@@ -257,14 +257,19 @@ func holdCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	interval := fs.Duration("interval", time.Second, "pause between echoed lines")
 	duration := fs.Duration("duration", 10*time.Second, "how long to hold the connection (at most 1h)")
 	timeout := fs.Duration("timeout", 2*time.Second, "timeout of the connect and of each echo")
+	sourcePort := fs.Int("source-port", 0, "the connection's local port (0: the kernel picks one); another connection may use it at the same time towards another destination")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
 	}
-	if *addr == "" || *interval <= 0 || *duration <= 0 || *duration > time.Hour || *timeout <= 0 {
-		return usageError("hold needs --addr, --interval > 0, 0 < --duration <= 1h, --timeout > 0")
+	if *addr == "" || *interval <= 0 || *duration <= 0 || *duration > time.Hour || *timeout <= 0 || *sourcePort < 0 || *sourcePort > 65535 {
+		return usageError("hold needs --addr, --interval > 0, 0 < --duration <= 1h, --timeout > 0, 0 <= --source-port <= 65535")
 	}
 	dctx, cancel := context.WithTimeout(ctx, *timeout)
 	var d net.Dialer
+	if *sourcePort > 0 {
+		d.LocalAddr = &net.TCPAddr{Port: *sourcePort}
+		d.Control = reuseAddr
+	}
 	conn, err := d.DialContext(dctx, "tcp", *addr)
 	cancel()
 	if err != nil {

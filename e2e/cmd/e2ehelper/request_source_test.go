@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // --source-from/--source-port: request i leaves from the i-th address with
@@ -91,4 +93,58 @@ func TestRequestTCPAnswerEndsAtEOF(t *testing.T) {
 	if !strings.Contains(out.String(), `"web-7f9c":2`) {
 		t.Errorf("answers not counted:\n%s", out.String())
 	}
+}
+
+// hold --source-port: the held connection leaves from that port, and a
+// request from the same address and port to another destination can run
+// while it is open (what checkPortReuseAcrossServices needs).
+func TestHoldFromFixedPortBesideARequest(t *testing.T) {
+	tcpA, _ := startServe(t, "pod-a")
+	tcpB, _ := startServe(t, "pod-b")
+	// A port no connection used yet: a fixed one may still be in
+	// TIME_WAIT from the last run, which a wildcard bind can refuse.
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := fmt.Sprint(free.Addr().(*net.TCPAddr).Port)
+	free.Close()
+	held := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- holdCmd(context.Background(), []string{"--addr", tcpA, "--source-port", port, "--interval", "20ms", "--duration", "1s"}, held, held)
+	}()
+	if err := awaitOutput(held, "1 ok", 5*time.Second); err != nil {
+		select {
+		case herr := <-done:
+			t.Fatalf("hold ended: %v\n%s", herr, held.String())
+		default:
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if err := requestCmd(context.Background(), []string{"--addr", tcpB, "--source-from", "127.0.0.1", "--source-port", port}, &out, &out); err != nil {
+		t.Fatalf("request beside the held connection: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "pod-b from 127.0.0.1:"+port) {
+		t.Errorf("the request did not leave from port %s:\n%s", port, out.String())
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("hold: %v\n%s", err, held.String())
+	}
+	if !strings.Contains(held.String(), "connected pod-a from 127.0.0.1:"+port) {
+		t.Errorf("the held connection did not leave from port %s:\n%s", port, held.String())
+	}
+}
+
+// awaitOutput polls until b holds s (bounded by timeout).
+func awaitOutput(b *syncBuffer, s string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(b.String(), s) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no %q within %v in:\n%s", s, timeout, b.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
 }
