@@ -13,9 +13,12 @@ import (
 	"github.com/vsplane/vsplane/e2e/vm"
 )
 
-// loop is one bounded request loop from the client to a stable Service.
+// loop is one bounded request loop from a client of its own to a stable
+// Service.
 type loop struct {
 	name, proto, addr string
+	// client is the loop's own namespace (see startLoops).
+	client *vm.Netns
 	// node is the node whose kernel serves the path (its drift may fail
 	// requests until repaired).
 	node string
@@ -33,8 +36,20 @@ type loop struct {
 
 var reqLine = regexp.MustCompile(`(?m)^(\d+) (ok|fail)(.*)$`)
 
-// startLoops starts one loop per stable path: enough requests for the
-// whole soak (its context's deadline), stopped early by stopFile.
+// startLoops starts one loop per stable path, each from a client address
+// of its own (routed through node1 like the cluster's client): enough
+// requests for the whole soak (its context's deadline), stopped early by
+// stopFile.
+//
+// Own addresses, because the stable Services share their Pods: two TCP
+// loops on one address sometimes hold connections from the same local port
+// to two Services at once (Linux reuses a local port towards another
+// destination), IPVS sends both to the same Pod, and its reply lookup
+// (client address and port, Pod address and port; not the Service) then
+// translates the older connection's replies as if from the newer one's
+// Service: that request times out. That is IPVS's (and kube-proxy's IPVS
+// mode's) behaviour, not a fault the soak looks for; TestVMFlowsAcrossChanges
+// shows it (checkPortReuseAcrossServices).
 func (r *run) startLoops(t *testing.T) []*loop {
 	dl, _ := r.ctx.Deadline()
 	count := min(100000, int(time.Until(dl)/reqInterval)+1)
@@ -44,14 +59,21 @@ func (r *run) startLoops(t *testing.T) []*loop {
 		{name: "clusterip-udp", proto: "udp", addr: r.vip + ":80", node: "node1"},
 		{name: "nodeport-tcp", proto: "tcp", addr: np, node: "node2"},
 		{name: "affinity-tcp", proto: "tcp", addr: r.affinityVIP + ":80", node: "node1", check: checkAffinity},
-		{name: "local-nodeport-tcp", proto: "tcp", addr: fmt.Sprintf("%s:%d", r.nodeIP["node2"], r.localNodePort), node: "node2",
-			check: checkLocal("pod-b", r.c.Client.IP)},
+		{name: "local-nodeport-tcp", proto: "tcp", addr: fmt.Sprintf("%s:%d", r.nodeIP["node2"], r.localNodePort), node: "node2"},
 	}
 	if _, err := r.c.VM.RunOK(r.ctx, "rm -f "+stopFile); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range loops {
-		p, err := r.c.Client.Start(r.ctx, "soak-"+l.name, fmt.Sprintf(
+		c, err := r.c.Topo.AddClient(r.ctx, "client-"+l.name, r.c.Nodes[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.client = c
+		if l.name == "local-nodeport-tcp" {
+			l.check = checkLocal("pod-b", c.IP)
+		}
+		p, err := c.Start(r.ctx, "soak-"+l.name, fmt.Sprintf(
 			"e2ehelper request --proto %s --addr %s --count %d --timeout %s --interval %v --stop-file %s",
 			l.proto, l.addr, count, reqTimeout, reqInterval, stopFile))
 		if err != nil {
@@ -161,7 +183,7 @@ func (r *run) logPath(l *loop) {
 		out, err := r.c.RunInNode(ctx, n.Name, fmt.Sprintf(
 			"echo '# ipvsadm -Lnc (not ended normally)'; ipvsadm -Lnc 2>&1 | grep -i '^%[3]s ' | grep ':%[2]s ' | grep -v -e TIME_WAIT -e FIN_WAIT -e ESTABLISHED | head -30; "+
 				"echo '# conntrack from %[1]s (not ended normally)'; conntrack -L -p %[3]s -s %[1]s 2>/dev/null | grep -v -e TIME_WAIT -e ESTABLISHED | head -30",
-			r.c.Client.IP, port, l.proto))
+			l.client.IP, port, l.proto))
 		r.t.Logf("%s, the client's flows not ended normally after a failed request to %s:\n%s%v", n.Name, l.addr, out, err)
 	}
 }
