@@ -6,13 +6,16 @@
 // Fail-static: while disconnected the client applies nothing and deletes
 // nothing; the kernel keeps whatever was last programmed. On reconnect the
 // Hello carries Applier.Versions(), so the control plane sends only what
-// changed meanwhile. Once a control plane announced that it resumes by
-// system version (internal/wire.ResumeBySystemVersionHeader), the next
-// Hellos carry only the system version of those versions: a fleet
-// reconnecting after a replica is lost uploads a few bytes per node
-// instead of every version, and lists them only when asked
-// (VersionsRequest). A digest sent to a control plane that did not announce
-// it is never acted on: that stream is left and the next one lists.
+// changed meanwhile. A client that holds versions (an agent restarted
+// with its saved state) and every client whose last control plane
+// announced that it resumes by system version
+// (internal/wire.ResumeBySystemVersionHeader) send only the system version
+// of those versions: a fleet reconnecting after a replica is lost, or
+// restarted as a whole, uploads a few bytes per node instead of every
+// version, and lists them only when asked (VersionsRequest). A digest sent
+// to a control plane that did not announce it is never acted on: that
+// stream is left and the next one lists (one refused stream per agent
+// process against a control plane from before 7454268, 2026-12-01).
 //
 // Several control-plane replicas can be given (Config.Targets): every
 // reconnect goes to another one, chosen at random, so agents spread over
@@ -125,8 +128,9 @@ type Client struct {
 	log       *zap.Logger
 	connected atomic.Bool
 	guard     removalGuard
-	// resumeBySys: the last stream's control plane announced that it
-	// resumes by system version, so the next Hello may send only that.
+	// resumeBySys: the next Hello may send only the system version held.
+	// True until a control plane did not announce that it resumes by
+	// system version; then what the last stream's announced.
 	resumeBySys atomic.Bool
 
 	statusMu   sync.Mutex
@@ -183,6 +187,8 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, log: log, statusCh: make(chan struct{}, 1)}
 	c.guard = removalGuard{maxShare: cfg.MaxRemovalShare, confirm: cfg.RemovalConfirmation, log: log, notify: cfg.OnRemovalHeld}
+	// An agent restarted with its saved state tries the digest first.
+	c.resumeBySys.Store(true)
 	return c, nil
 }
 
@@ -401,12 +407,13 @@ func (c *Client) trace(step Step) {
 }
 
 // sendHello says which node this is and what it holds: every version, or
-// only their system version if the last control plane announced it
-// resumes by one (bySys). It returns how many resources the node holds.
+// only their system version (bySys) if it holds some and no control plane
+// said it does not resume by one. It returns how many resources the node
+// holds.
 func (c *Client) sendHello(send func(*vsplanev1.ConnectRequest) error) (held int, bySys bool, err error) {
 	versions := c.cfg.Applier.Versions()
 	hello := &vsplanev1.Hello{NodeName: c.cfg.NodeName, AgentVersion: c.cfg.AgentVersion}
-	if bySys = c.resumeBySys.Load(); bySys {
+	if bySys = c.resumeBySys.Load() && len(versions) > 0; bySys {
 		hello.HeldSystemVersion, hello.HeldCount = wire.SystemVersion(versions), uint32(len(versions))
 	} else {
 		hello.ResourceVersions = versions

@@ -110,10 +110,9 @@ func newFleet(ctx context.Context, target string, tlsCfg *tls.Config, nodes, tok
 func (f *Fleet) Agents() []*Agent { return f.agents }
 
 // StartAll starts every agent's stream client at once. With fresh, each
-// agent gets a new client (as a restarted agent process: its first Hello
-// lists every version held); otherwise an agent's client of its last run
-// runs again (as after a lost replica: it resumes by system version once a
-// control plane announced it).
+// agent gets a new client (as a restarted agent process with its saved
+// state); otherwise an agent's client of its last run runs again (as after
+// a lost replica). Both Hellos carry the system version held.
 func (f *Fleet) StartAll(ctx context.Context, fresh bool) error {
 	for _, a := range f.agents {
 		if err := a.start(ctx, fresh); err != nil {

@@ -564,9 +564,9 @@ func (b *bench) burst() {
 }
 
 // reconnect cuts every agent's stream and reopens them all at once, twice:
-// first with new clients (every agent process restarted: the Hellos list
-// every version held), the baseline; then with the same clients (a replica
-// lost: they resume by system version).
+// first with new clients (every agent process restarted with its saved
+// state), then with the same clients (a replica lost); both resume by
+// system version.
 func (b *bench) reconnect() {
 	b.awaitInSync("before the restart storm")
 	b.rep.StreamFailuresBeforeStorm = b.fleet.StreamEnds() - b.rep.ColdStart.StreamFailures

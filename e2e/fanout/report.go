@@ -33,8 +33,8 @@ type Report struct {
 	SingleChange SingleChange `json:"single_change"`
 	Burst        Burst        `json:"burst"`
 	Reconnect    Reconnect    `json:"reconnect_storm"`
-	// RestartStorm is the reconnect storm's baseline, measured just before
-	// it: the same cut with new clients, whose Hellos list every version.
+	// RestartStorm is measured just before the reconnect storm: the same
+	// cut with new clients (restarted agent processes).
 	RestartStorm Reconnect `json:"restart_storm"`
 	// HelloBytesRatio: the reconnect storm's bytes from the agents over the
 	// restart storm's.
@@ -227,9 +227,9 @@ type Burst struct {
 
 // Reconnect: every agent's stream cut (client stopped, reconciler and
 // kernel kept) and reopened at once; nothing changed meanwhile. With
-// FreshClients the clients are new (an agent restart: the Hello lists every
-// version held), otherwise the same (a lost replica: the Hello carries the
-// system version held).
+// FreshClients the clients are new (an agent restart with its saved state),
+// otherwise the same (a lost replica); either Hello carries the system
+// version held (a restarted agent's listed every version before 2026-12-07).
 type Reconnect struct {
 	PhaseCost
 	FreshClients bool `json:"fresh_clients"`
@@ -287,7 +287,7 @@ func (rep *Report) Headlines() []string {
 		}
 		out = append(out, fmt.Sprintf("%s: %.4g %s (goal < %.4g %s, ratio %.3f: %s)", g.Name, g.Value, g.Unit, g.Limit, g.Unit, g.Ratio, verdict))
 	}
-	out = append(out, fmt.Sprintf("reconnect storm bytes from the agents: %s against the restart storm's %s (every version listed) in the same run, ratio %.4f",
+	out = append(out, fmt.Sprintf("reconnect storm bytes from the agents: %s against the restart storm's %s in the same run, ratio %.4f",
 		human(rep.Reconnect.WireBytesFromAgents), human(rep.RestartStorm.WireBytesFromAgents), rep.HelloBytesRatio))
 	return out
 }
@@ -333,7 +333,7 @@ func (rep *Report) Markdown() string {
 		sc.FromSentP50MS, sc.FromSentP99MS, bu.FromSentP50MS, bu.FromSentP99MS)
 	fmt.Fprintf(&b, "\nUntil the Delta reached the agent's Apply (before its own work): single change p50 %.1f ms, p99 %.1f ms; burst p50 %.1f ms, p99 %.1f ms (%d of %d burst Acks came before the writer had its response).\n",
 		sc.ReceivedP50MS, sc.ReceivedP99MS, bu.ReceivedP50MS, bu.ReceivedP99MS, bu.AcksBeforeResponse, bu.Samples)
-	fmt.Fprintf(&b, "\nFrom the agents (Hellos, Acks, TLS): restart storm %s (every Hello lists every version held), reconnect storm %s (Hellos with the system version held) = %.4f of the baseline; to them %s and %s.\n",
+	fmt.Fprintf(&b, "\nFrom the agents (Hellos, Acks, TLS): restart storm %s (new clients), reconnect storm %s (the same clients) = %.4f of the restart storm's, every Hello with the system version held; to them %s and %s.\n",
 		human(rs.WireBytesFromAgents), human(rc.WireBytesFromAgents), rep.HelloBytesRatio, human(rs.WireBytesToAgents), human(rc.WireBytesToAgents))
 	fmt.Fprintf(&b, "\nAgent streams that ended or failed to open and were retried: %d during the cold start, %d from then until the storms, %d in the restart storm, %d in the reconnect storm.\n",
 		cs.StreamFailures, rep.StreamFailuresBeforeStorm, rs.StreamFailures, rc.StreamFailures)

@@ -133,3 +133,42 @@ func TestClientListsVersionsToAnOlderControlPlane(t *testing.T) {
 		t.Fatalf("applied Delta %q, want old-2 (old-1 answered a Hello the older control plane misread)", d.GetNonce())
 	}
 }
+
+// An agent process restarted with its saved state (a new client whose
+// Applier already holds versions) sends only their system version in its
+// first Hello: in sync with the node's desired state it gets an empty
+// first Delta; with a state the control plane does not recognise it is
+// asked for every version and gets the difference. A restarted fleet then
+// uploads a digest per node, not every version (#27 item 4).
+func TestRestartedClientResumesBySystemVersion(t *testing.T) {
+	src := streamtest.New()
+	src.Set("n1", "node/settings", "s1", time.Time{})
+	src.Set("n1", "service/default/a", "a1", time.Time{})
+	c1 := startCP(t, src, "127.0.0.1:0")
+
+	inSync := newMemApplier()
+	inSync.held = map[string]string{"node/settings": "s1", "service/default/a": "a1"}
+	runClient(t, client.Config{Targets: []string{c1.addr}, NodeName: "n1", Applier: inSync,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	if ev := c1.connect(t); ev.HeldSystemVersion == "" || ev.HeldResources != 2 {
+		t.Fatalf("restarted client's first Hello = %+v, want a system version for 2 resources", ev)
+	}
+	if d := inSync.next(t); len(d.GetResources()) != 0 || len(d.GetRemoved()) != 0 {
+		t.Fatalf("first Delta to a restarted client in sync = %v, want empty", d)
+	}
+
+	src.Set("n2", "node/settings", "s1", time.Time{})
+	src.Set("n2", "service/default/a", "a2", time.Time{})
+	stale := newMemApplier()
+	stale.held = map[string]string{"node/settings": "s1", "service/default/a": "a1", "service/default/gone": "g1"}
+	runClient(t, client.Config{Targets: []string{c1.addr}, NodeName: "n2", Applier: stale,
+		BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	if ev := c1.connect(t); ev.HeldSystemVersion == "" || ev.HeldResources != 3 {
+		t.Fatalf("stale client's first Hello = %+v, want a system version for 3 resources", ev)
+	}
+	d := stale.next(t)
+	if len(d.GetResources()) != 1 || d.GetResources()[0].GetVersion() != "a2" ||
+		len(d.GetRemoved()) != 1 || d.GetRemoved()[0] != "service/default/gone" {
+		t.Fatalf("first Delta to a stale restarted client = %v, want service/default/a@a2 and the removal of service/default/gone", d)
+	}
+}
