@@ -118,17 +118,57 @@ func (r *Registry) ListAgentsPending() []*vsplanev1.AgentInfo {
 	states := r.sortedStates()
 	out := make([]*vsplanev1.AgentInfo, 0, len(states))
 	for _, st := range states {
-		st.mu.Lock()
-		at := st.inSyncAt
-		st.mu.Unlock()
-		if r.inSync(st.node, at) {
-			out = append(out, &vsplanev1.AgentInfo{NodeName: st.node})
-			continue
+		info := &vsplanev1.AgentInfo{NodeName: st.node}
+		if res, listed := r.listUnlessInSync(st); listed {
+			st.mu.Lock()
+			info.PendingResources, info.Lag = r.pendingLocked(st, res)
+			st.mu.Unlock()
 		}
-		info := r.info(st, false)
-		out = append(out, &vsplanev1.AgentInfo{NodeName: st.node, PendingResources: info.PendingResources, Lag: info.Lag})
+		out = append(out, info)
 	}
 	return out
+}
+
+// listUnlessInSync returns the node's desired resources (listed), unless
+// the agent is recorded in sync with them (nothing pending, no lag) or the
+// node is unknown. It takes st.mu only to read that record: the Source has
+// locks of its own.
+func (r *Registry) listUnlessInSync(st *agentState) (res []Entry, listed bool) {
+	st.mu.Lock()
+	at := st.inSyncAt
+	st.mu.Unlock()
+	if r.inSync(st.node, at) {
+		return nil, false
+	}
+	res, _, listed = r.src.List(st.node)
+	return res, listed
+}
+
+// pendingLocked counts the resources of res (the node's desired state)
+// whose acknowledged version differs, plus the acknowledged names res no
+// longer has (their removal is not acknowledged yet), and the lag of the
+// oldest change among them. st.mu is held.
+func (r *Registry) pendingLocked(st *agentState, res []Entry) (uint32, *durationpb.Duration) {
+	seen := 0
+	var pending uint32
+	var oldest time.Time
+	for _, e := range res {
+		v, ok := st.ackedOf(e.Resource.GetName())
+		if ok {
+			seen++
+		}
+		if !ok || v != e.Resource.GetVersion() {
+			pending++
+			if t := e.Trigger; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+				oldest = t
+			}
+		}
+	}
+	pending += uint32(st.ackedLen() - seen)
+	if oldest.IsZero() {
+		return pending, nil
+	}
+	return pending, durationpb.New(max(r.clk.Since(oldest), 0))
 }
 
 // inSync reports whether the node's desired state is still at version at,
@@ -249,15 +289,7 @@ func (st *agentState) baseInfoLocked(names []string) *vsplanev1.AgentInfo {
 // Source's current state, computed from the acknowledged versions in place
 // (under st.mu, together with the copy withVersions makes).
 func (r *Registry) info(st *agentState, withVersions bool) *vsplanev1.AgentInfo {
-	st.mu.Lock()
-	at := st.inSyncAt
-	st.mu.Unlock()
-	var res []Entry
-	listed := false
-	if !r.inSync(st.node, at) {
-		// Listed before st.mu is taken: the Source has locks of its own.
-		res, _, listed = r.src.List(st.node)
-	}
+	res, listed := r.listUnlessInSync(st)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	names := []string{} // none
@@ -270,30 +302,8 @@ func (r *Registry) info(st *agentState, withVersions bool) *vsplanev1.AgentInfo 
 	} else if info.AcknowledgedVersions == nil {
 		info.AcknowledgedVersions = map[string]string{}
 	}
-	if !listed {
-		return info // in sync (nothing pending, no lag), or an unknown node
-	}
-	// pending = desired names whose version differs from the acked one, plus
-	// acked names no longer desired (their removal is not acknowledged yet).
-	seen := 0
-	var pending uint32
-	var oldest time.Time
-	for _, e := range res {
-		v, ok := st.ackedOf(e.Resource.GetName())
-		if ok {
-			seen++
-		}
-		if !ok || v != e.Resource.GetVersion() {
-			pending++
-			if t := e.Trigger; !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
-				oldest = t
-			}
-		}
-	}
-	pending += uint32(st.ackedLen() - seen)
-	info.PendingResources = pending
-	if !oldest.IsZero() {
-		info.Lag = durationpb.New(max(r.clk.Since(oldest), 0))
+	if listed {
+		info.PendingResources, info.Lag = r.pendingLocked(st, res)
 	}
 	return info
 }
