@@ -76,12 +76,13 @@ func TestVMControlPlaneFailover(t *testing.T) {
 	}
 	clusterIP, nodePortAddr := fmt.Sprintf("%s:80", vip), fmt.Sprintf("%s:%d", node1.IP, nodePort)
 	// The NodePort loop runs from a client address of its own. From one
-	// address, the two loops' connections can leave from the same local
-	// port to the ClusterIP and the NodePort and IPVS can schedule both to
-	// the same Pod; its reply lookup (client and real server, not the
-	// virtual address) can then take one's SYN-ACK for the other's, and a
-	// request times out with the kernel state right: IPVS's behaviour, not
-	// a fault's (about 1 run in 3, seen in the soak with both entries).
+	// address, the two loops can hold connections from the same local port
+	// to the ClusterIP and the NodePort at once, IPVS can schedule both to
+	// the same Pod, and its reply lookup (client and real server, not the
+	// virtual address) then translates the older connection's replies as
+	// the newer one's: a request times out with the kernel state right.
+	// IPVS's behaviour, not a fault's (about 1 run in 3 before;
+	// checkPortReuseAcrossServices shows it).
 	npClient, err := c.Topo.AddClient(ctx, "client-np", node1)
 	if err != nil {
 		t.Fatal(err)
