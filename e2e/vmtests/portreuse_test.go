@@ -65,10 +65,23 @@ func checkPortReuseAcrossServices(t *testing.T, ctx context.Context, c *cluster.
 		vips = append(vips, vip)
 	}
 	a, b := vips[0], vips[1]
-	want := []string{hostPort(backends[0].IP, cluster.ServePort)}
+	// Ready when each client's plain request (a fresh port) to each
+	// Service is answered: kube-proxy writes its virtual servers before
+	// it binds their addresses and writes its rules (the end of its sync),
+	// so the IPVS table alone is not enough (a CI run of 2026-12-07 failed
+	// kube-proxy's first reuse request that way).
 	for _, s := range sides {
 		for _, vip := range vips {
-			if err := c.AwaitServing(ctx, s.node, vip, 80, 1, want, 2*time.Minute); err != nil {
+			if err := cluster.Await(ctx, 2*time.Minute, 500*time.Millisecond, func(ctx context.Context) error {
+				res, err := s.client.Run(ctx, fmt.Sprintf("e2ehelper request --addr %s:80 --count 1 --timeout 2s", vip))
+				if err != nil {
+					return err
+				}
+				if line := firstRequestLine(res.Stdout); !strings.HasPrefix(line, "1 ok "+pod+" ") {
+					return fmt.Errorf("%s via %s from %s: %s", s.proxy, s.node, s.client.Name, line)
+				}
+				return nil
+			}); err != nil {
 				t.Fatal(err)
 			}
 		}
