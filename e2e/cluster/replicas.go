@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/vsplane/vsplane/e2e/vm"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
+
+	"github.com/vsplane/vsplane/e2e/freeport"
 )
 
 // ControlPlanePackage is the control plane's Go package, built for the host
@@ -61,21 +62,17 @@ func (c *Cluster) startReplicaProcs(ctx context.Context, n int) error {
 		}
 		c.replicaBin = bins[0]
 	}
+	// Each replica binds its own port; the guestfwd rule names it before
+	// the VM boots, so it is picked now.
+	ports, err := freeport.Pick(2 * n)
+	if err != nil {
+		return err
+	}
 	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close() // the replica binds it; the guestfwd rule names it before the VM boots
-		r := &ReplicaProc{Index: i, Port: port, Addr: ln.Addr().String(), c: c, bin: c.replicaBin}
+		port := ports[2*i]
+		r := &ReplicaProc{Index: i, Port: port, Addr: freeport.Addr(port), c: c, bin: c.replicaBin}
 		if c.opts.ReplicaMetrics {
-			mln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return err
-			}
-			r.MetricsAddr = mln.Addr().String()
-			mln.Close()
+			r.MetricsAddr = freeport.Addr(ports[2*i+1])
 		}
 		c.ReplicaProcs = append(c.ReplicaProcs, r)
 	}

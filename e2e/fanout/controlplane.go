@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 
 	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/internal/bearer"
+
+	"github.com/vsplane/vsplane/e2e/freeport"
 )
 
 // ControlPlanePackage is built by the benchmark and run as its own process,
@@ -70,27 +71,15 @@ type cpProc struct {
 }
 
 // startControlPlane starts bin with args plus --listen/--advertise-address
-// and --metrics-address on free loopback ports (found by bind-and-release),
+// and --metrics-address on free loopback ports (freeport.Pick),
 // logging to dir/controlplane-<attempt>.log. It does not wait
 // (awaitServing).
 func startControlPlane(bin, dir string, attempt int, args, env []string) (*cpProc, error) {
-	// Two distinct ports: both are held until both are picked, then
-	// released for the replica to bind.
-	var lns []net.Listener
-	for range 2 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return nil, err
-		}
-		lns = append(lns, ln)
+	ports, err := freeport.Pick(2)
+	if err != nil {
+		return nil, err
 	}
-	addr, metrics := lns[0].Addr().String(), lns[1].Addr().String()
-	for _, l := range lns {
-		l.Close()
-	}
+	addr, metrics := freeport.Addr(ports[0]), freeport.Addr(ports[1])
 	p := &cpProc{Addr: addr, MetricsAddr: metrics,
 		Args:    append([]string{"--listen", addr, "--advertise-address", addr, "--metrics-address", metrics}, args...),
 		logPath: filepath.Join(dir, fmt.Sprintf("controlplane-%d.log", attempt)), done: make(chan struct{})}

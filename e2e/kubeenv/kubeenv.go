@@ -32,6 +32,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/vsplane/vsplane/e2e/measure"
+
+	"github.com/vsplane/vsplane/e2e/freeport"
 )
 
 // EnvBinDir names the environment variable that points at a directory
@@ -235,7 +237,7 @@ func start(ctx context.Context, binDir string, opts Options) (_ *Env, retErr err
 	if err != nil {
 		return nil, fmt.Errorf("kubeenv: writing certs: %w", err)
 	}
-	ports, err := freePorts(3)
+	ports, err := freeport.Pick(3)
 	if err != nil {
 		return nil, fmt.Errorf("kubeenv: finding free ports: %w", err)
 	}
@@ -560,27 +562,6 @@ contexts:
     user: ` + user + `
 current-context: vsplane-kubeenv
 `)
-}
-
-// freePorts reserves n distinct loopback TCP ports by binding them all at
-// once, then releases them for the servers to bind.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 var binaries = []string{"kube-apiserver", "etcd"}

@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vsplane/vsplane/e2e/measure"
+
+	"github.com/vsplane/vsplane/e2e/freeport"
 )
 
 // Fixed addresses of the VM's user network (see DESIGN.md's address plan).
@@ -207,7 +209,7 @@ func (v *VM) boot(ctx context.Context, kernel, fwd string) error {
 	// The hostfwd port is picked free here and may be taken before QEMU binds
 	// it (other tests run alongside): retry with a new one.
 	for attempt := 0; ; attempt++ {
-		hostPort, err := freePort()
+		hostPort, err := freeport.One()
 		if err != nil {
 			return err
 		}
@@ -235,7 +237,7 @@ func (v *VM) startQEMU(kernel, initrd string, hostPort int, fwd string) error {
 	v.execAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(hostPort))
 	v.hostFwd = map[int]string{}
 	for _, gp := range v.opts.HostFwdPorts {
-		hp, err := freePort()
+		hp, err := freeport.One()
 		if err != nil {
 			return err
 		}
@@ -382,19 +384,6 @@ func (v *VM) Stop() {
 			_ = os.RemoveAll(v.workDir)
 		}
 	})
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	addr, ok := ln.Addr().(*net.TCPAddr)
-	if !ok {
-		return 0, errors.New("unexpected listener address")
-	}
-	return addr.Port, nil
 }
 
 // ExecAddr is the host address of the guest's vmexec (for tools that drive
