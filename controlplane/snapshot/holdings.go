@@ -12,31 +12,33 @@ import (
 // node-specific only where a node hosts its endpoints, has its own
 // addresses, or a Local policy applies). So each name keeps one common
 // value and the set of node states that hold it (a bitset, a bit per
-// state), and a node state keeps only its exceptions: the names where it
-// holds another value, or the common value with another trigger time (a
-// node's own trigger, from when it was staged and filled, is kept once per
-// node: stageTrigger). The
+// state), and its exceptions: the states holding another value, or the
+// common value with another trigger time (a node's own trigger, from when
+// it was staged and filled, is kept once per node: stageTrigger). The
 // memory is O(names + exceptions), not O(names × nodes): at 10,000
 // Services × 1,000 nodes the per-node maps this replaced held 10 million
 // slots (630 MB).
 //
-// A node state holds name n with slot
+// A node state st holds name n with slot
 //
-//	st.exc[n]                         if present, else
-//	{names[n].common, names[n].trig}  if names[n].followers has st.id, else
+//	names[n].exc[st.id]                if present, else
+//	{names[n].common, names[n].trig}   if names[n].followers has st.id, else
 //	nothing.
 //
 // The common value moves to another value once more states hold that
 // value than follow the current one (rebase), so a change that reaches
-// every node ends with the new value common and no exceptions left.
+// every node ends with the new value common and no exceptions left. The
+// exceptions are kept by name, keyed by state id, so a rebase touches only
+// that name's holders: a rollout step reaching the middle of the fleet
+// rebases every selected Service (BenchmarkRolloutStep).
 
 // nodeState is one node's state, published or staged.
 type nodeState struct {
-	id  int             // bit index in every name's followers
-	exc map[string]slot // exceptions (see above)
-	sys [16]byte        // XOR of the pair hashes of all held resources
-	// held is the number of names held.
-	held int
+	id  int      // bit index in every name's followers, key of its exceptions
+	sys [16]byte // XOR of the pair hashes of all held resources
+	// held is the number of names held, nExc how many of them as
+	// exceptions.
+	held, nExc int
 	// stageTrig is the trigger the state was staged with (unix
 	// nanoseconds, 0: none), which slots with trigger stageTrigger stand for.
 	stageTrig int64
@@ -48,7 +50,8 @@ type nameState struct {
 	trig      int64 // trigger time of the followers' slot
 	followers bitset
 	nFollow   int
-	nExc      int
+	// exc holds the exceptions by state id (nil while there is none).
+	exc map[int]slot
 	// excCount counts the states holding each exception value (nil while
 	// there is none): the common value moves to one held by more states
 	// than follow it.
@@ -92,7 +95,7 @@ func (s *Store) newState() *nodeState {
 		id = len(s.states)
 		s.states = append(s.states, nil)
 	}
-	st := &nodeState{id: id, exc: map[string]slot{}}
+	st := &nodeState{id: id}
 	s.states[id] = st
 	return st
 }
@@ -110,19 +113,27 @@ func (s *Store) dropState(st *nodeState) {
 
 // get returns st's slot of name.
 func (s *Store) get(st *nodeState, name string) (slot, bool) {
-	if sl, ok := st.exc[name]; ok {
+	if ns := s.names[name]; ns != nil {
+		return ns.slotOf(st)
+	}
+	return slot{}, false
+}
+
+// slotOf returns st's slot of this name.
+func (ns *nameState) slotOf(st *nodeState) (slot, bool) {
+	if sl, ok := ns.exc[st.id]; ok {
 		return sl, true
 	}
-	if ns := s.names[name]; ns != nil && ns.followers.has(st.id) {
+	if ns.followers.has(st.id) {
 		return slot{e: ns.common, trigger: ns.trig}, true
 	}
 	return slot{}, false
 }
 
-// hold makes st hold sl as name (st must not hold name). It acquires
-// nothing: sl.e's reference is the caller's.
-func (s *Store) hold(st *nodeState, name string, sl slot) {
-	ns := s.names[name]
+// hold makes st hold sl as name (st must not hold name); ns is the name's
+// state, nil if the name is held by nobody. It acquires nothing: sl.e's
+// reference is the caller's.
+func (s *Store) hold(st *nodeState, name string, ns *nameState, sl slot) {
 	if ns == nil {
 		ns = &nameState{}
 		s.names[name] = ns
@@ -138,21 +149,25 @@ func (s *Store) hold(st *nodeState, name string, sl slot) {
 		ns.nFollow++
 		return
 	}
-	st.exc[name] = sl
-	ns.nExc++
+	if ns.exc == nil {
+		ns.exc = map[int]slot{}
+	}
+	ns.exc[st.id] = sl
+	st.nExc++
 	ns.count(sl)
 	if ns.excCount[sl] > ns.nFollow {
-		s.rebase(name, ns, sl)
+		ns.rebase(sl, s.states)
 	}
 }
 
 // unhold makes st hold nothing as name and releases the value's
-// reference; a no-op if st does not hold name.
-func (s *Store) unhold(st *nodeState, name string, ns *nameState) {
+// reference; a no-op if st does not hold name. It reports whether name is
+// now held by nobody (and so gone from s.names).
+func (s *Store) unhold(st *nodeState, name string, ns *nameState) (gone bool) {
 	var e *internEntry
-	if sl, ok := st.exc[name]; ok {
-		delete(st.exc, name)
-		ns.nExc--
+	if sl, ok := ns.exc[st.id]; ok {
+		delete(ns.exc, st.id)
+		st.nExc--
 		ns.uncount(sl)
 		e = sl.e
 	} else if ns.followers.has(st.id) {
@@ -160,14 +175,15 @@ func (s *Store) unhold(st *nodeState, name string, ns *nameState) {
 		ns.nFollow--
 		e = ns.common
 	} else {
-		return
+		return false
 	}
 	st.held--
 	wire.XORInto(&st.sys, e.pair)
 	s.release(e)
 	switch {
-	case ns.nFollow+ns.nExc == 0:
+	case ns.nFollow+len(ns.exc) == 0:
 		delete(s.names, name)
+		return true
 	case ns.nFollow == 0:
 		// The common value lost its last follower: the most held
 		// exception takes its place (and the old value is not kept
@@ -178,8 +194,9 @@ func (s *Store) unhold(st *nodeState, name string, ns *nameState) {
 				best = sl
 			}
 		}
-		s.rebase(name, ns, best)
+		ns.rebase(best, s.states)
 	}
+	return false
 }
 
 func (ns *nameState) count(sl slot) {
@@ -198,29 +215,41 @@ func (ns *nameState) uncount(sl slot) {
 	}
 }
 
-// rebase makes to the common value of name: the states holding exactly
-// to follow it, the old followers keep their value as an exception. No
-// state's content changes. O(states).
-func (s *Store) rebase(name string, ns *nameState, to slot) {
+// rebase makes to the common value of the name: the states holding
+// exactly to follow it, the old followers keep their value as an
+// exception. No state's content changes. O(holders of the name); states
+// gives the holders' states by id.
+func (ns *nameState) rebase(to slot, states []*nodeState) {
 	old := slot{e: ns.common, trigger: ns.trig}
-	for _, st := range s.states {
-		if st == nil {
-			continue
-		}
-		switch {
-		case ns.followers.has(st.id):
-			ns.followers.clear(st.id)
-			ns.nFollow--
-			st.exc[name] = old
-			ns.nExc++
-			ns.count(old)
-		case st.exc[name] == to:
-			delete(st.exc, name)
-			ns.nExc--
-			ns.uncount(to)
-			ns.followers.set(st.id)
+	oldFollowers := ns.followers
+	ns.followers = make(bitset, len(oldFollowers))
+	ns.nFollow = 0
+	for id, sl := range ns.exc {
+		if sl == to {
+			delete(ns.exc, id)
+			states[id].nExc--
+			ns.followers.set(id)
 			ns.nFollow++
 		}
+	}
+	delete(ns.excCount, to)
+	moved := 0
+	oldFollowers.each(func(id int) {
+		if ns.exc == nil {
+			ns.exc = map[int]slot{}
+		}
+		ns.exc[id] = old
+		states[id].nExc++
+		moved++
+	})
+	if moved > 0 {
+		if ns.excCount == nil {
+			ns.excCount = map[slot]int{}
+		}
+		ns.excCount[old] += moved
+	}
+	if len(ns.exc) == 0 {
+		ns.exc, ns.excCount = nil, nil
 	}
 	ns.common, ns.trig = to.e, to.trigger
 }

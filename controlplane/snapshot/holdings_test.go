@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -164,6 +165,7 @@ func checkAgainstModel(t *testing.T, round int, s *Store, m *model, nodes []stri
 			t.Fatalf("round %d: node %s system version %s, want %s", round, n, sys, hex.EncodeToString(x[:]))
 		}
 	}
+	checkHoldings(t, round, s)
 	// Every value is referenced exactly by its holders (published and staged).
 	refs := map[*internEntry]int{}
 	for _, st := range s.states {
@@ -183,5 +185,56 @@ func checkAgainstModel(t *testing.T, round int, s *Store, m *model, nodes []stri
 	}
 	if len(refs) != len(s.intern) {
 		t.Fatalf("round %d: %d values held, %d interned", round, len(refs), len(s.intern))
+	}
+}
+
+// checkHoldings checks the bookkeeping of holdings.go: the counts kept per
+// name and per state match what the bitsets and exception maps hold, only
+// live states hold anything, and no exception repeats the common slot.
+func checkHoldings(t *testing.T, round int, s *Store) {
+	t.Helper()
+	held := map[int]int{}
+	exc := map[int]int{}
+	for name, ns := range s.names {
+		follow := 0
+		ns.followers.each(func(id int) {
+			if id >= len(s.states) || s.states[id] == nil {
+				t.Fatalf("round %d: %s followed by free state id %d", round, name, id)
+			}
+			follow++
+			held[id]++
+		})
+		if follow != ns.nFollow {
+			t.Fatalf("round %d: %s: %d followers in the bitset, nFollow %d", round, name, follow, ns.nFollow)
+		}
+		counts := map[slot]int{}
+		for id, sl := range ns.exc {
+			if id >= len(s.states) || s.states[id] == nil {
+				t.Fatalf("round %d: %s has an exception of free state id %d", round, name, id)
+			}
+			if ns.followers.has(id) {
+				t.Fatalf("round %d: %s: state %d both follows and has an exception", round, name, id)
+			}
+			if sl == (slot{e: ns.common, trigger: ns.trig}) {
+				t.Fatalf("round %d: %s: state %d holds the common slot as an exception", round, name, id)
+			}
+			counts[sl]++
+			held[id]++
+			exc[id]++
+		}
+		if !maps.Equal(counts, ns.excCount) && !(len(counts) == 0 && ns.excCount == nil) {
+			t.Fatalf("round %d: %s: exception counts %v, kept %v", round, name, counts, ns.excCount)
+		}
+		if ns.nFollow+len(ns.exc) == 0 {
+			t.Fatalf("round %d: %s is held by nobody but kept", round, name)
+		}
+	}
+	for id, st := range s.states {
+		if st == nil {
+			continue
+		}
+		if st.held != held[id] || st.nExc != exc[id] {
+			t.Fatalf("round %d: state %d counts held=%d nExc=%d, holds %d with %d exceptions", round, id, st.held, st.nExc, held[id], exc[id])
+		}
 	}
 }

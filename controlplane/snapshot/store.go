@@ -31,7 +31,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -316,34 +315,40 @@ func (s *Store) target(node string) (ns *nodeState, published bool) {
 
 // set makes res ns's resource res.Name with trigger trig (a slot's
 // trigger); reports whether the version changed.
-func (s *Store) set(ns *nodeState, res *vsplanev1.Resource, trig int64) bool {
+func (s *Store) set(st *nodeState, res *vsplanev1.Resource, trig int64) bool {
 	name := res.GetName()
-	old, had := s.get(ns, name)
-	if had && old.e.res.GetVersion() == res.GetVersion() {
-		return false
+	ns := s.names[name]
+	if ns != nil {
+		old, had := ns.slotOf(st)
+		if had && old.e.res.GetVersion() == res.GetVersion() {
+			return false
+		}
+		if had && s.unhold(st, name, ns) {
+			ns = nil // st was its last holder
+		}
 	}
-	e := s.acquire(res)
-	if had {
-		s.unhold(ns, name, s.names[name])
-	}
-	s.hold(ns, name, slot{e: e, trigger: trig})
+	s.hold(st, name, ns, slot{e: s.acquire(res), trigger: trig})
 	return true
 }
 
-// delete removes ns's resource name; reports whether it was there.
-func (s *Store) delete(ns *nodeState, name string) bool {
-	if _, had := s.get(ns, name); !had {
+// delete removes st's resource name; reports whether it was there.
+func (s *Store) delete(st *nodeState, name string) bool {
+	ns := s.names[name]
+	if ns == nil {
 		return false
 	}
-	s.unhold(ns, name, s.names[name])
+	if _, had := ns.slotOf(st); !had {
+		return false
+	}
+	s.unhold(st, name, ns)
 	return true
 }
 
 // heldNames returns the names ns holds (unsorted). O(names).
 func (s *Store) heldNames(ns *nodeState) []string {
 	out := make([]string, 0, ns.held)
-	for name := range s.names {
-		if _, ok := s.get(ns, name); ok {
+	for name, n := range s.names {
+		if _, ok := n.slotOf(ns); ok {
 			out = append(out, name)
 		}
 	}
@@ -368,14 +373,16 @@ func (s *Store) publish(node string, changed map[string][]string) int {
 		return len(held)
 	}
 	n := 0
-	for _, name := range slices.Collect(maps.Keys(s.names)) {
-		was, had := s.get(prev, name)
-		now, has := s.get(next, name)
+	// Neither unhold nor hold below adds or removes a name (prev keeps
+	// holding it), so the map can be ranged over directly.
+	for name, ns := range s.names {
+		was, had := ns.slotOf(prev)
+		now, has := ns.slotOf(next)
 		if had && has && was.e == now.e {
 			if old := triggerOf(prev, was); triggerOf(next, now) != old {
-				now.e.refs++ // kept by prev meanwhile; hold takes it over
-				s.unhold(next, name, s.names[name])
-				s.hold(next, name, slot{e: now.e, trigger: old})
+				now.e.refs++             // kept by prev meanwhile; hold takes it over
+				s.unhold(next, name, ns) // prev holds it too: the name stays
+				s.hold(next, name, ns, slot{e: now.e, trigger: old})
 			}
 			continue
 		}
@@ -446,8 +453,8 @@ func (s *Store) List(node string) ([]Entry, string, bool) {
 		return nil, "", false
 	}
 	out := make([]Entry, 0, ns.held)
-	for name := range s.names {
-		if sl, ok := s.get(ns, name); ok {
+	for _, name := range s.names {
+		if sl, ok := name.slotOf(ns); ok {
 			out = append(out, entry(ns, sl))
 		}
 	}
@@ -526,7 +533,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{Nodes: len(s.nodes), Distinct: len(s.intern)}
 	for _, ns := range s.nodes {
 		st.Slots += ns.held
-		st.Exceptions += len(ns.exc)
+		st.Exceptions += ns.nExc
 	}
 	return st
 }
