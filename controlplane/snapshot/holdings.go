@@ -119,15 +119,14 @@ func (s *Store) get(st *nodeState, name string) (slot, bool) {
 	return slot{}, false
 }
 
-// slotOf returns st's slot of this name.
+// slotOf returns st's slot of this name. The bit first: most holders
+// follow, and a state never both follows and has an exception.
 func (ns *nameState) slotOf(st *nodeState) (slot, bool) {
-	if sl, ok := ns.exc[st.id]; ok {
-		return sl, true
-	}
 	if ns.followers.has(st.id) {
 		return slot{e: ns.common, trigger: ns.trig}, true
 	}
-	return slot{}, false
+	sl, ok := ns.exc[st.id]
+	return sl, ok
 }
 
 // hold makes st hold sl as name (st must not hold name); ns is the name's
@@ -165,15 +164,15 @@ func (s *Store) hold(st *nodeState, name string, ns *nameState, sl slot) {
 // now held by nobody (and so gone from s.names).
 func (s *Store) unhold(st *nodeState, name string, ns *nameState) (gone bool) {
 	var e *internEntry
-	if sl, ok := ns.exc[st.id]; ok {
+	if ns.followers.has(st.id) {
+		ns.followers.clear(st.id)
+		ns.nFollow--
+		e = ns.common
+	} else if sl, ok := ns.exc[st.id]; ok {
 		delete(ns.exc, st.id)
 		st.nExc--
 		ns.uncount(sl)
 		e = sl.e
-	} else if ns.followers.has(st.id) {
-		ns.followers.clear(st.id)
-		ns.nFollow--
-		e = ns.common
 	} else {
 		return false
 	}
