@@ -89,7 +89,8 @@ type serviceEntry struct {
 	in       translate.Input
 	variants translate.Variants
 	// shared caches one resource per variant key nodes share (every key
-	// but "node/..."); reset whenever the Service is recomputed.
+	// but "node/..."); reset whenever the Service is recomputed (not by a
+	// rollout step: recomputeOn).
 	shared map[string]*vsplanev1.Resource
 	// rolloutVersion identifies the rollouts in.Rollouts was derived from.
 	rolloutVersion string
@@ -424,7 +425,11 @@ func (e *Engine) recompute(w *work, k model.ServiceKey, trig time.Time) {
 }
 
 // recomputeOn translates Service k again for the given nodes only: the
-// others' resources cannot change (rollouts.go says when).
+// others' resources cannot change (rollouts.go says when). The cached
+// shared variants stay: only the rollouts' node sets changed, not what a
+// variant key stands for (the same rollouts with the same schedulers and
+// flags), so a step translates only the node-specific variants of the
+// nodes it reached.
 func (e *Engine) recomputeOn(w *work, k model.ServiceKey, nodes map[string]struct{}) {
 	se := e.services[k]
 	if se == nil || se.svc == nil {
@@ -432,7 +437,6 @@ func (e *Engine) recomputeOn(w *work, k model.ServiceKey, nodes map[string]struc
 		return
 	}
 	e.derive(se)
-	se.shared = nil
 	for n := range nodes {
 		ne := e.nodes[n]
 		if ne == nil {
