@@ -489,6 +489,22 @@ func TestVariantsKeys(t *testing.T) {
 	if a, b := lb.Key(n5), lb.Key(n6); a == b {
 		t.Errorf("node inside the LB source range and node outside share key %q", a)
 	}
+	// A rollout step asks every reached node's key of every selected
+	// Service: one-part keys are built once, not per call.
+	rolled := VariantsOf(Input{Service: web, Slices: []*model.EndpointSlice{twoNodes},
+		Rollouts: []*Rollout{{Name: "to-mh", Scheduler: "mh", Nodes: map[string]struct{}{"n7": {}}}}})
+	for _, c := range []struct {
+		v    Variants
+		node *model.Node
+		want string
+	}{{rolled, n7, "rollout/to-mh"}, {rolled, n8, ""}, {zoned, n6, "zone/zone-a"}} {
+		if got := c.v.Key(c.node); got != c.want {
+			t.Errorf("Key(%s) = %q, want %q", c.node.Name, got, c.want)
+		}
+		if a := testing.AllocsPerRun(20, func() { c.v.Key(c.node) }); a != 0 {
+			t.Errorf("Key(%s) = %q allocates %v times", c.node.Name, c.want, a)
+		}
+	}
 }
 
 // The scheduler a Service's virtual servers carry: its own (annotation)

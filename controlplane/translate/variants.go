@@ -18,8 +18,8 @@ import (
 type Variants struct {
 	// Nodes hosting endpoints or named in node hints: their own variant.
 	perNode map[string]struct{}
-	// Zones named in zone hints: one variant per such zone.
-	zones map[string]struct{}
+	// Zones named in zone hints: one variant per such zone (its key part).
+	zones map[string]string
 	// LB source ranges (non-zero, of families with LB IPs): a node with an
 	// address inside one allows itself (LOAD_BALANCER_SOURCE_IP entries).
 	ranges []netip.Prefix
@@ -27,8 +27,17 @@ type Variants struct {
 	// node holding such an address has a per-node collision to report.
 	claimed map[netip.Addr]struct{}
 	// rollouts: the SchedulerRollouts selecting the Service (nodes a rollout
-	// reached share one variant per rollout that decides their scheduler).
-	rollouts []*Rollout
+	// reached share one variant per rollout that decides their scheduler),
+	// and their key parts. Key parts are built here, once, not per node:
+	// a rollout step asks a key of every Service on every node it reaches.
+	rollouts    []*Rollout
+	rolloutKeys []string
+}
+
+// lbSourceKeys are the key parts of nodes allowed by LB source ranges.
+var lbSourceKeys = map[model.Family]string{
+	model.IPv4: "lb-source/" + model.IPv4.String(),
+	model.IPv6: "lb-source/" + model.IPv6.String(),
 }
 
 // VariantsOf computes the variants of in.
@@ -51,7 +60,13 @@ func VariantsOf(in Input) Variants {
 				add(&v.perNode, n)
 			}
 			for _, z := range e.ForZones {
-				add(&v.zones, z)
+				if z == "" {
+					continue
+				}
+				if v.zones == nil {
+					v.zones = map[string]string{}
+				}
+				v.zones[z] = "zone/" + z
 			}
 		}
 	}
@@ -61,6 +76,9 @@ func VariantsOf(in Input) Variants {
 	}
 	if svc.Scheduler == "" {
 		v.rollouts = in.Rollouts
+		for _, r := range in.Rollouts {
+			v.rolloutKeys = append(v.rolloutKeys, "rollout/"+r.Name)
+		}
 	}
 	for _, f := range []model.Family{model.IPv4, model.IPv6} {
 		if ranges, _ := sourceRanges(svc, f); len(ranges) > 0 && slices.ContainsFunc(svc.LoadBalancerIPs, isFamily(f)) {
@@ -101,18 +119,19 @@ func (v Variants) Key(node *model.Node) string {
 			return perNodePrefix + node.Name
 		}
 	}
-	var parts []string
-	if _, ok := v.zones[node.Zone]; ok {
-		parts = append(parts, "zone/"+node.Zone)
+	var buf [4]string // the most parts a key has: no allocation for one part
+	parts := buf[:0]
+	if z, ok := v.zones[node.Zone]; ok {
+		parts = append(parts, z)
 	}
 	for _, f := range []model.Family{model.IPv4, model.IPv6} {
 		if allowFromNode(v.ranges, node, f) {
-			parts = append(parts, "lb-source/"+f.String())
+			parts = append(parts, lbSourceKeys[f])
 		}
 	}
-	for _, r := range v.rollouts {
+	for i, r := range v.rollouts {
 		if _, ok := r.Nodes[node.Name]; ok {
-			parts = append(parts, "rollout/"+r.Name)
+			parts = append(parts, v.rolloutKeys[i])
 			break
 		}
 	}
