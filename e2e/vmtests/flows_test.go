@@ -117,15 +117,17 @@ type flowPhase struct {
 // out conntrack's SCTP timeouts. kube-proxy's flows are reported beside
 // them (VSPLANE_FLOW_REPORT writes the table, VSPLANE_FLOW_LOGS every
 // flow's log). Before the flows, checkPortReuseAcrossServices compares the
-// two proxies on one client port used towards two Services of one Pod.
+// two proxies (and kube-proxy's nftables mode on node4) on one client port
+// used towards two Services of one Pod.
 func TestVMFlowsAcrossChanges(t *testing.T) {
 	run := newVMRun(t, 9*time.Minute)
 	ctx, phase := run.ctx, run.phase
-	const kp, agent, backends = "node1", "node2", "node3"
+	// node4 runs kube-proxy's nftables mode for the port-reuse check only.
+	const kp, agent, backends, kpNFT = "node1", "node2", "node3", "node4"
 	c := run.startCluster(cluster.Options{
-		Nodes:      3,
-		Pods:       [][]string{{"cli-k"}, {"cli-v"}, {"pod-x", "pod-y"}},
-		NoAgent:    []string{kp},
+		Nodes:      4,
+		Pods:       [][]string{{"cli-k"}, {"cli-v"}, {"pod-x", "pod-y"}, {"cli-n"}},
+		NoAgent:    []string{kp, kpNFT},
 		KubeProxy:  true,
 		GoPackages: []string{sctpPackage},
 		Log:        zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
@@ -158,10 +160,16 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	nftProc, err := c.StartKubeProxy(ctx, kpNFT, cluster.KubeProxyOptions{Mode: "nftables", IPv4Only: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			if l, err := kproc.Log(context.Background()); err == nil {
-				t.Logf("kube-proxy log tail:\n%s", tail(l, 30))
+			for mode, p := range map[string]*vm.Proc{"ipvs": kproc, "nftables": nftProc} {
+				if l, err := p.Log(context.Background()); err == nil {
+					t.Logf("kube-proxy (%s) log tail:\n%s", mode, tail(l, 30))
+				}
 			}
 		}
 	})
@@ -227,7 +235,8 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 		t.Fatalf("kube-proxy's rules for the outside flows: %v", err)
 	}
 	checkPortReuseAcrossServices(t, ctx, c, "pod-y", []portReuseSide{
-		{"kube-proxy", kp, &c.Pods["cli-k"].Netns, true}, {"vsplane", agent, &c.Pods["cli-v"].Netns, true}, {"vsplane", agent, client2, false}})
+		{"kube-proxy", kp, &c.Pods["cli-k"].Netns, true}, {"vsplane", agent, &c.Pods["cli-v"].Netns, true}, {"vsplane", agent, client2, false},
+		{"kube-proxy-nftables", kpNFT, &c.Pods["cli-n"].Netns, false}})
 	phase("port reuse across Services")
 	m.start(t)
 	t.Cleanup(func() { m.stop() })
