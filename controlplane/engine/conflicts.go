@@ -173,8 +173,9 @@ func (c *conflicts) update(k model.ServiceKey, svc *model.Service, dirty func(mo
 	}
 }
 
-// setClaims stores a port's new claimants; when its owner changes, the old
-// and new owners and the external-IP users of that port are rechecked.
+// setClaims stores a port's new claimants; when its owner changes, its
+// claimants (dirtyOnOwnerChange) and the external-IP users of that port are
+// rechecked.
 func (c *conflicts) setClaims(pk portKey, before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) {
 	storeClaimants(c.claims, pk, after)
 	if !dirtyOnOwnerChange(before, after, self, dirty) {
@@ -188,7 +189,7 @@ func (c *conflicts) setClaims(pk portKey, before, after []claimant, self model.S
 }
 
 // setVIPClaims stores a virtual server's claimants; when its owner changes,
-// the old and new owners are rechecked.
+// its claimants are rechecked (dirtyOnOwnerChange).
 func (c *conflicts) setVIPClaims(v model.VIP, before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) {
 	storeClaimants(c.vips, v, after)
 	dirtyOnOwnerChange(before, after, self, dirty)
@@ -203,8 +204,10 @@ func storeClaimants[K comparable](m map[K][]claimant, k K, after []claimant) {
 	}
 }
 
-// dirtyOnOwnerChange rechecks the old and new owner (the first claimant),
-// other than self, when the owner changed; it reports whether it did.
+// dirtyOnOwnerChange rechecks, when the owner (the first claimant)
+// changed, the old owner and every remaining claimant other than self: the
+// new owner takes the claim, and every other loser's problem names the
+// owner. It reports whether the owner changed.
 func dirtyOnOwnerChange(before, after []claimant, self model.ServiceKey, dirty func(model.ServiceKey)) bool {
 	var was, is model.ServiceKey
 	if len(before) > 0 {
@@ -216,9 +219,12 @@ func dirtyOnOwnerChange(before, after []claimant, self model.ServiceKey, dirty f
 	if was == is {
 		return false
 	}
-	for _, k := range []model.ServiceKey{was, is} {
-		if k != (model.ServiceKey{}) && k != self {
-			dirty(k)
+	if was != (model.ServiceKey{}) && was != self {
+		dirty(was)
+	}
+	for _, cl := range after {
+		if cl.key != self && cl.key != was {
+			dirty(cl.key)
 		}
 	}
 	return true

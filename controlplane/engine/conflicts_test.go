@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -259,5 +260,46 @@ func TestSharedExternalAndLoadBalancerVirtualServersGoToTheOlderService(t *testi
 	apply(t, e, c)
 	if !vsOn("n1", "new", "198.18.100.1") || hasProblem(e, "new", ReasonVIPConflict) {
 		t.Error("the remaining Service did not take the external IP over")
+	}
+}
+
+// Three Services claim one NodePort (or one external IP's port); the owner
+// goes. The third still loses, now to the second, and its state (with the
+// problem naming its owner) must be what a replica computing from scratch
+// holds: every claimant is rechecked when the owner changes, not only the
+// old and new owners (found by review, 2026-12-07).
+func TestThirdClaimantFollowsAnOwnerChange(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		nodePort uint16
+		extIPs   []string
+	}{{"nodeport", 30080, nil}, {"external IP", 0, []string{"198.18.100.1"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			build := func(withOwner bool) (*Engine, map[string]map[string]string) {
+				e, st, _ := newEngine(t)
+				c := changes()
+				addNode(c, "n1")
+				addNode(c, "n2")
+				if withOwner {
+					setNodePortService(c, "a", 1, tc.nodePort, tc.extIPs...)
+				}
+				setNodePortService(c, "b", 2, tc.nodePort, tc.extIPs...)
+				setNodePortService(c, "c", 3, tc.nodePort, tc.extIPs...)
+				apply(t, e, c)
+				return e, versions(st, "n1", "n2")
+			}
+			e, _ := build(true)
+			c := changes()
+			deleteService(c, "a")
+			apply(t, e, c)
+			_, want := build(false)
+			got := versions(e.store, "n1", "n2")
+			if !maps.EqualFunc(got, want, maps.Equal) {
+				t.Errorf("after the owner went:\n got %v\nwant %v", got, want)
+			}
+			if p := e.Problems(model.ServiceKey{Namespace: "ns", Name: "c"}); len(p) == 0 || !strings.Contains(p[0].Detail, "ns/b") {
+				t.Errorf("c's problem does not name its new owner b: %v", p)
+			}
+		})
 	}
 }
