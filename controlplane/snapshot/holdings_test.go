@@ -37,13 +37,36 @@ func (m *model) target(node string) (map[string]modelSlot, bool) {
 // model with the same random batches (sets of a few values shared by many
 // nodes, node-specific values, deletes, node churn, staging) and compares
 // every node's List, versions, trigger times and system version after each
-// Commit.
+// Commit. The wide shape has more than 64 nodes (bitsets of several words,
+// ids reused across them), big batches, Fill and staging triggers.
 func TestHoldingsMatchPerNodeModel(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
+	for _, shape := range []struct {
+		name                string
+		seeds               uint64
+		nodes, svcs, rounds int
+		maxOps              int
+		fillAndTriggers     bool
+	}{
+		{"narrow", 1, 8, 5, 400, 12, false},
+		{"wide", 4, 150, 3, 300, 200, true},
+	} {
+		t.Run(shape.name, func(t *testing.T) {
+			for seed := range shape.seeds {
+				var nodes []string
+				for i := range shape.nodes {
+					nodes = append(nodes, fmt.Sprintf("n%03d", i))
+				}
+				svcs := []string{"a", "b", "c", "d", "e"}[:shape.svcs]
+				holdingsModelRun(t, rand.New(rand.NewPCG(seed+1, 2)), nodes, svcs, shape.rounds, shape.maxOps, shape.fillAndTriggers)
+			}
+		})
+	}
+}
+
+func holdingsModelRun(t *testing.T, rng *rand.Rand, nodes, svcs []string, rounds, maxOps int, fillAndTriggers bool) {
 	s := NewStore()
 	m := &model{published: map[string]map[string]modelSlot{}, staged: map[string]map[string]modelSlot{}}
-	nodes := []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}
-	svcs := []string{"a", "b", "c", "d", "e"}
+	stageTrig := map[string]time.Time{}
 	values := map[string]*vsplanev1.Resource{}
 	value := func(svc string, v int) *vsplanev1.Resource {
 		k := fmt.Sprint(svc, v)
@@ -54,29 +77,37 @@ func TestHoldingsMatchPerNodeModel(t *testing.T) {
 		values[k] = r
 		return r
 	}
-	for round := range 400 {
+	for round := range rounds {
 		var b Batch
-		for range 1 + rng.IntN(12) {
+		for range 1 + rng.IntN(maxOps) {
 			node := nodes[rng.IntN(len(nodes))]
 			svc := svcs[rng.IntN(len(svcs))]
 			trig := time.Unix(int64(rng.IntN(3)), 0)
+			// set writes res with Set, or with Fill (the trigger the node
+			// was staged with, none on a published node).
+			set := func(res *vsplanev1.Resource, fill bool) {
+				tr := trig
+				if fill {
+					b.Fill(node, res)
+					tr = time.Time{}
+					if _, staged := m.staged[node]; staged {
+						tr = stageTrig[node]
+					}
+				} else {
+					b.Set(node, res, trig)
+				}
+				if st, ok := m.target(node); ok {
+					if cur, ok := st[res.Name]; !ok || cur.version != res.Version {
+						st[res.Name] = modelSlot{res.Version, tr}
+					}
+				}
+			}
+			fill := fillAndTriggers && rng.IntN(3) == 0
 			switch r := rng.IntN(100); {
-			case r < 50: // mostly shared values: 0 or 1
-				res := value(svc, rng.IntN(2))
-				b.Set(node, res, trig)
-				if st, ok := m.target(node); ok {
-					if cur, ok := st[res.Name]; !ok || cur.version != res.Version {
-						st[res.Name] = modelSlot{res.Version, trig}
-					}
-				}
+			case r < 50: // mostly shared values
+				set(value(svc, rng.IntN(2)), fill)
 			case r < 62: // node-specific values
-				res := value(svc, 10+rng.IntN(40))
-				b.Set(node, res, trig)
-				if st, ok := m.target(node); ok {
-					if cur, ok := st[res.Name]; !ok || cur.version != res.Version {
-						st[res.Name] = modelSlot{res.Version, trig}
-					}
-				}
+				set(value(svc, 10+rng.IntN(40)), fill)
 			case r < 75:
 				name := ServiceName("ns", svc)
 				b.Delete(node, name)
@@ -94,8 +125,13 @@ func TestHoldingsMatchPerNodeModel(t *testing.T) {
 				delete(m.published, node)
 				delete(m.staged, node)
 			case r < 92:
-				b.StageNode(node, time.Time{})
+				var tt time.Time
+				if fillAndTriggers && rng.IntN(3) > 0 {
+					tt = time.Unix(int64(5+rng.IntN(3)), 0)
+				}
+				b.StageNode(node, tt)
 				m.staged[node] = map[string]modelSlot{}
+				stageTrig[node] = tt
 			default:
 				b.PublishNode(node)
 				if next, ok := m.staged[node]; ok {
