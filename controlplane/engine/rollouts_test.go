@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -294,4 +295,106 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// Random steps of two layered rollouts over Services with zone-hinted
+// endpoints (variant keys of two parts, "zone/z0;rollout/new") and a local
+// endpoint, nodes relabelled out of and into the older rollout's pool and
+// added; after every step the store equals a fresh engine's. Steps keep
+// each Service's cached shared variants (recomputeOn): a stale one shows
+// here.
+func TestRandomRolloutStepsMatchAFreshEngine(t *testing.T) {
+	const nodes = 12
+	rng := rand.New(rand.NewPCG(3, 4))
+	pools := map[string]string{}
+	present := map[string]bool{}
+	node := func(n string, i int) watch.Change[model.Node] {
+		return watch.Change[model.Node]{Current: &watch.Observed[model.Node]{Value: &model.Node{Name: n, Zone: fmt.Sprintf("z%d", i%3), Labels: map[string]string{"pool": pools[n]}}}}
+	}
+	for i := range nodes {
+		pools[fmt.Sprintf("n%02d", i)] = "general"
+		present[fmt.Sprintf("n%02d", i)] = i < nodes-2
+	}
+	base := func() *watch.Changes {
+		c := changes()
+		for i := range nodes {
+			n := fmt.Sprintf("n%02d", i)
+			if present[n] {
+				c.Nodes[n] = node(n, i)
+			}
+		}
+		for i := range 4 {
+			name := fmt.Sprintf("s%d", i)
+			setService(c, name, fmt.Sprintf("198.18.0.%d", i+1), time.Time{})
+			c.Services[model.ServiceKey{Namespace: "ns", Name: name}].Current.Value.Labels = map[string]string{"app": "a"}
+			var eps []model.Endpoint
+			for z := range 2 {
+				ep := ready(fmt.Sprintf("198.19.%d.%d", z, i+1), "elsewhere")
+				ep.ForZones = []string{fmt.Sprintf("z%d", z)}
+				eps = append(eps, ep)
+			}
+			if i%2 == 0 {
+				eps = append(eps, model.Endpoint{Address: netip.MustParseAddr(fmt.Sprintf("198.19.9.%d", i+1)), NodeName: fmt.Sprintf("n%02d", i), Ready: true, Serving: true, ForZones: []string{"z0"}})
+			}
+			setSlice(c, name, name+"-1", time.Time{}, eps...)
+		}
+		return c
+	}
+	sel, _ := labels.Parse("app=a")
+	gen, _ := labels.Parse("pool=general")
+	older := &model.Rollout{Name: "old", UID: "u1", Created: 1, Scheduler: "mh", ServiceSelector: sel, NamespaceSelector: labels.Everything(), NodeSelector: gen, Phase: v1alpha1.PhaseProgressing}
+	newer := &model.Rollout{Name: "new", UID: "u2", Created: 2, Scheduler: "sh", ServiceSelector: sel, NamespaceSelector: labels.Everything(), NodeSelector: labels.Everything(), Phase: v1alpha1.PhaseProgressing}
+	active := map[string]*model.Rollout{}
+	scratch := func() map[string]map[string]string {
+		e, st, _ := newEngine(t)
+		c := base()
+		for _, r := range active {
+			setRollout(c, r)
+		}
+		apply(t, e, c)
+		var ns []string
+		for n, ok := range present {
+			if ok {
+				ns = append(ns, n)
+			}
+		}
+		return versions(st, ns...)
+	}
+	e, st, _ := newEngine(t)
+	apply(t, e, base())
+	for step := range 60 {
+		c := changes()
+		for _, r := range []*model.Rollout{older, newer} {
+			if rng.IntN(2) == 0 {
+				cp := *r
+				cp.Threshold = rng.Int64N(model.PositionSpace)
+				if rng.IntN(8) == 0 {
+					cp.Phase = v1alpha1.PhaseSucceeded
+				}
+				setRollout(c, &cp)
+				active[r.Name] = &cp
+			}
+		}
+		if rng.IntN(3) == 0 {
+			i := rng.IntN(nodes)
+			n := fmt.Sprintf("n%02d", i)
+			if pools[n] == "general" {
+				pools[n] = "gpu"
+			} else {
+				pools[n] = "general"
+			}
+			present[n] = true
+			c.Nodes[n] = node(n, i)
+		}
+		apply(t, e, c)
+		var ns []string
+		for n, ok := range present {
+			if ok {
+				ns = append(ns, n)
+			}
+		}
+		if got, want := versions(st, ns...), scratch(); !maps.EqualFunc(got, want, maps.Equal) {
+			t.Fatalf("step %d: got %v\nwant %v", step, got, want)
+		}
+	}
 }
