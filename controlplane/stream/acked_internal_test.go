@@ -85,7 +85,7 @@ func TestVersionSetMatchesAMap(t *testing.T) {
 				if got := vs.Map(); !maps.Equal(got, want) {
 					t.Fatalf("%d names, step %d: Map differs from the model", names, step)
 				}
-				if !slices.IsSortedFunc(vs.base, func(a, b nameVersion) int { return strings.Compare(a.name, b.name) }) {
+				if !slices.IsSortedFunc(vs.base, func(a, b pair) int { return strings.Compare(nameOf(a), nameOf(b)) }) {
 					t.Fatalf("%d names, step %d: base not sorted", names, step)
 				}
 				for n, c := range vs.changed {

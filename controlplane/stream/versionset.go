@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"maps"
 	"slices"
+	"unique"
 )
 
 // versionSet is a name -> version map held per agent (what the agent holds
@@ -12,11 +13,13 @@ import (
 // ~80 B per name (its table is sized in powers of two), and one per agent
 // was the largest part of a replica's live heap with 1,000 agents x 1k
 // Services (e2e/fanout heap profiles: 84 of 194 MB at the cold start's
-// peak); the slice takes 32 B per name, the strings being the desired
-// state's own (shared between agents). Not safe for concurrent use (the
-// agentState's mu guards it).
+// peak). The slice holds one 8-byte handle per name: every agent holds
+// the same few (name, version) pairs, so each pair is stored once for the
+// process (package unique) and the agents share it (two string headers per
+// name, 32 B, were ~25% of the live heap after a cold start of 1,000
+// agents). Not safe for concurrent use (the agentState's mu guards it).
 type versionSet struct {
-	base []nameVersion // sorted by name, no duplicates
+	base []pair // sorted by name, no duplicates
 	// changed holds the names whose entry differs from base's: has=false
 	// for a name removed (or never in base).
 	changed map[string]ackedVersion
@@ -24,6 +27,13 @@ type versionSet struct {
 }
 
 type nameVersion struct{ name, version string }
+
+// pair is the process-wide unique copy of a nameVersion.
+type pair = unique.Handle[nameVersion]
+
+func pairOf(name, version string) pair { return unique.Make(nameVersion{name, version}) }
+
+func nameOf(p pair) string { return p.Value().name }
 
 // minCompact is the number of changes below which the set is never
 // rebuilt; above it, once they exceed 1/compactFraction of the base.
@@ -34,11 +44,11 @@ const (
 
 // newVersionSet returns a set holding m's names (m is not kept).
 func newVersionSet(m map[string]string) *versionSet {
-	vs := &versionSet{base: make([]nameVersion, 0, len(m))}
+	vs := &versionSet{base: make([]pair, 0, len(m))}
 	for name, v := range m {
-		vs.base = append(vs.base, nameVersion{name, v})
+		vs.base = append(vs.base, pairOf(name, v))
 	}
-	slices.SortFunc(vs.base, func(a, b nameVersion) int { return cmp.Compare(a.name, b.name) })
+	slices.SortFunc(vs.base, func(a, b pair) int { return cmp.Compare(nameOf(a), nameOf(b)) })
 	vs.n = len(vs.base)
 	return vs
 }
@@ -46,20 +56,20 @@ func newVersionSet(m map[string]string) *versionSet {
 // versionSetOf returns a set holding entries, which are sorted by name (as
 // Source.List returns them).
 func versionSetOf(entries []Entry) *versionSet {
-	vs := &versionSet{base: make([]nameVersion, len(entries)), n: len(entries)}
+	vs := &versionSet{base: make([]pair, len(entries)), n: len(entries)}
 	for i, e := range entries {
-		vs.base[i] = nameVersion{e.Resource.GetName(), e.Resource.GetVersion()}
+		vs.base[i] = pairOf(e.Resource.GetName(), e.Resource.GetVersion())
 	}
 	return vs
 }
 
 // fromBase looks name up in base.
 func (vs *versionSet) fromBase(name string) (string, bool) {
-	i, ok := slices.BinarySearchFunc(vs.base, name, func(e nameVersion, n string) int { return cmp.Compare(e.name, n) })
+	i, ok := slices.BinarySearchFunc(vs.base, name, func(e pair, n string) int { return cmp.Compare(nameOf(e), n) })
 	if !ok {
 		return "", false
 	}
-	return vs.base[i].version, true
+	return vs.base[i].Value().version, true
 }
 
 // Get returns name's version.
@@ -105,17 +115,17 @@ func (vs *versionSet) Set(name, v string, has bool) {
 // sorted changes, O(base + changes x log changes).
 func (vs *versionSet) compact() {
 	names := slices.Sorted(maps.Keys(vs.changed))
-	base := make([]nameVersion, 0, vs.n)
+	base := make([]pair, 0, vs.n)
 	i := 0
 	for _, name := range names {
-		for ; i < len(vs.base) && vs.base[i].name < name; i++ {
+		for ; i < len(vs.base) && nameOf(vs.base[i]) < name; i++ {
 			base = append(base, vs.base[i])
 		}
-		if i < len(vs.base) && vs.base[i].name == name {
+		if i < len(vs.base) && nameOf(vs.base[i]) == name {
 			i++ // replaced or removed by the change
 		}
 		if c := vs.changed[name]; c.has {
-			base = append(base, nameVersion{name, c.v})
+			base = append(base, pairOf(name, c.v))
 		}
 	}
 	base = append(base, vs.base[i:]...)
@@ -125,7 +135,8 @@ func (vs *versionSet) compact() {
 // All yields every name held with its version, in no particular order.
 func (vs *versionSet) All() func(yield func(name, version string) bool) {
 	return func(yield func(string, string) bool) {
-		for _, e := range vs.base {
+		for _, p := range vs.base {
+			e := p.Value()
 			if _, ok := vs.changed[e.name]; ok {
 				continue
 			}
