@@ -247,6 +247,15 @@ func TestKubectlPlugin(t *testing.T) {
 	t.Run("rollout", func(t *testing.T) {
 		expect(plugin("rollout", "status", "nope"), cli.ExitNotFound, nil, []string{"nope"})
 		createRollout(t, ctx, dyn, "to-wrr", "wrr", nil)
+		// The control plane answers from its informer, which sees the new
+		// rollout a moment after the API server (a CI run of 2026-12-07
+		// asked first and got NotFound).
+		eventually(t, converge, func() string {
+			if r := plugin("rollout", "status", "to-wrr"); r.code == cli.ExitNotFound {
+				return fmt.Sprintf("not observed yet: %s", r.err)
+			}
+			return ""
+		})
 		// --watch prints every change until the rollout ends.
 		r := plugin("rollout", "status", "to-wrr", "--watch", "--interval", "100ms")
 		expect(r, cli.ExitOK, []string{"SchedulerRollout to-wrr: scheduler wrr, phase Succeeded", "Services: default/web"}, nil)
