@@ -99,7 +99,11 @@ vm-deps:
 ## test: everything CI runs — lint, unit, real-apiserver integration, VM tests, the race
 ## detector over the concurrent packages, then fuzzing
 test: tools kube nodes vm-deps lint
-	$(GO) test -count=1 -timeout 45m $$($(GO) list ./... | grep -v -e '/e2e/realnodes$$' -e '/e2e/soak$$')
+	$(GO) test -count=1 -timeout 45m $$($(GO) list ./... | grep -v -e '/e2e/realnodes$$' -e '/e2e/soak$$' -e '/e2e/skew$$')
+	# Alone: the version-skew test boots its VM right away; beside the VM tests'
+	# VM on 2 cores its guest stalled 48 s and the first command failed (CI run
+	# of 2026-12-07).
+	$(GO) test -count=1 -timeout 15m ./e2e/skew
 	# Alone: its TCG VM runs kubelets, CoreDNS and both planes; beside another
 	# test VM on 2 cores every probe timed out (CI run of 2026-12-03).
 	$(GO) test -count=1 -timeout 45m ./e2e/realnodes
