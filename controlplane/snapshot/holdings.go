@@ -220,9 +220,8 @@ func (ns *nameState) uncount(sl slot) {
 // gives the holders' states by id.
 func (ns *nameState) rebase(to slot, states []*nodeState) {
 	old := slot{e: ns.common, trigger: ns.trig}
-	oldFollowers := ns.followers
-	ns.followers = make(bitset, len(oldFollowers))
-	ns.nFollow = 0
+	oldFollowers, moved := ns.followers, ns.nFollow
+	ns.followers, ns.nFollow = make(bitset, len(oldFollowers)), 0
 	for id, sl := range ns.exc {
 		if sl == to {
 			delete(ns.exc, id)
@@ -232,16 +231,14 @@ func (ns *nameState) rebase(to slot, states []*nodeState) {
 		}
 	}
 	delete(ns.excCount, to)
-	moved := 0
-	oldFollowers.each(func(id int) {
+	if moved > 0 {
 		if ns.exc == nil {
 			ns.exc = map[int]slot{}
 		}
-		ns.exc[id] = old
-		states[id].nExc++
-		moved++
-	})
-	if moved > 0 {
+		oldFollowers.each(func(id int) {
+			ns.exc[id] = old
+			states[id].nExc++
+		})
 		if ns.excCount == nil {
 			ns.excCount = map[slot]int{}
 		}

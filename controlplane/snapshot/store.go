@@ -453,8 +453,8 @@ func (s *Store) List(node string) ([]Entry, string, bool) {
 		return nil, "", false
 	}
 	out := make([]Entry, 0, ns.held)
-	for _, name := range s.names {
-		if sl, ok := name.slotOf(ns); ok {
+	for _, n := range s.names {
+		if sl, ok := n.slotOf(ns); ok {
 			out = append(out, entry(ns, sl))
 		}
 	}
