@@ -61,6 +61,15 @@ type Result struct {
 	// ColdDeltaMS and ColdDeltaWrites describe each cold-start Delta.
 	ColdDeltaMS     []float64 `json:"cold_delta_ms"`
 	ColdDeltaWrites []uint64  `json:"cold_delta_writes"`
+	// FullPasses periodic full reconciles of the unchanged state ran after
+	// the changes (vmbench --full-passes): each one's wall time, the
+	// process's CPU time (user+system) and the bytes it allocated.
+	FullPasses          int       `json:"full_passes"`
+	FullPassMS          []float64 `json:"full_pass_ms,omitempty"`
+	FullPassCPUMS       []float64 `json:"full_pass_cpu_ms,omitempty"`
+	FullPassAllocMB     []float64 `json:"full_pass_alloc_mb,omitempty"`
+	FullPassMedianMS    float64   `json:"full_pass_median_ms,omitempty"`
+	FullPassCPUMedianMS float64   `json:"full_pass_cpu_median_ms,omitempty"`
 }
 
 // TimelineStep is one step of the agent's "cold start" log line: its own

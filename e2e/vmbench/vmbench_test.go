@@ -14,6 +14,7 @@ package vmbench
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -141,6 +142,14 @@ func TestVMBench(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := fmt.Sprintf("vmbench --services %d --endpoints %d --changes 20 --removes 0 %s", bs, be, flags)
+		if flags == "" {
+			// The batched run also times the periodic full pass over the
+			// unchanged state: what the agent spends while nothing changes.
+			cmd += fmt.Sprintf(" --full-passes %d", fullPasses)
+			if p := os.Getenv("VSPLANE_VMBENCH_PASS_PROFILE"); p != "" {
+				cmd += " --pass-cpuprofile /tmp/pass.prof"
+			}
+		}
 		out, err := node.RunOK(ctx, cmd)
 		if err != nil {
 			t.Fatalf("%s in %s: %v", cmd, node.Name, err)
@@ -151,6 +160,18 @@ func TestVMBench(t *testing.T) {
 		}
 		if r.Services != bs || r.Endpoints != be || r.ColdMS <= 0 || r.ColdWrites == 0 {
 			t.Fatalf("vmbench output implausible: %s", out)
+		}
+		if flags == "" {
+			if len(r.FullPassMS) != fullPasses || r.FullPassCPUMedianMS <= 0 {
+				t.Fatalf("vmbench full passes implausible: %s", out)
+			}
+			t.Logf("burst %dx%d: full pass over the unchanged state, median %.0f ms wall, %.0f ms CPU; each wall %v CPU %v allocated MB %v",
+				bs, be, r.FullPassMedianMS, r.FullPassCPUMedianMS, r.FullPassMS, r.FullPassCPUMS, r.FullPassAllocMB)
+			if p := os.Getenv("VSPLANE_VMBENCH_PASS_PROFILE"); p != "" {
+				if err := copyOut(ctx, node, "/tmp/pass.prof", p); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 		t.Logf("burst %dx%d %q: cold %.0f ms in %d Deltas, %d writes at %.0f/s, per-Service latency p50 %.0f ms p99 %.0f ms, first ack %.0f ms, change median %.2f ms; per Delta ms %v writes %v",
 			bs, be, flags, r.ColdMS, r.ColdDeltas, r.ColdWrites, r.ColdWritesPerSec, r.BurstP50MS, r.BurstP99MS, r.FirstAckedMS, r.ChangeMedianMS, r.ColdDeltaMS, r.ColdDeltaWrites)
@@ -181,6 +202,24 @@ func TestVMBench(t *testing.T) {
 	if err := write(rep); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fullPasses is how many periodic full reconciles the batched burst run
+// times.
+const fullPasses = 5
+
+// copyOut copies a file from the guest to the host (base64 over the exec
+// channel: a profile is a few hundred KiB).
+func copyOut(ctx context.Context, node *vm.Node, guest, host string) error {
+	out, err := node.RunOK(ctx, "busybox base64 "+guest)
+	if err != nil {
+		return fmt.Errorf("read %s from the guest: %w", guest, err)
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(out), ""))
+	if err != nil {
+		return fmt.Errorf("decode %s: %w", guest, err)
+	}
+	return os.WriteFile(host, b, 0o644)
 }
 
 // write stores results.json and results.md in RepoRoot/_out/vmbench.
@@ -219,6 +258,12 @@ func markdown(rep Report) string {
 				r.ColdDeltas, r.ColdMS, r.ColdWrites, r.ColdWritesPerSec, r.BurstP50MS, r.BurstP99MS, r.FirstAckedMS, r.ChangeMedianMS)
 		}
 		keys := slices.Sorted(maps.Keys(rep.BurstRatios))
+		for _, r := range rep.Burst {
+			if len(r.FullPassMS) > 0 {
+				fmt.Fprintf(&b, "\nPeriodic full pass over the unchanged %d x %d state (%d passes, nothing changing): median %.0f ms wall, %.0f ms CPU (user+system); each: wall %v ms, CPU %v ms, allocated %v MB.\n",
+					r.Services, r.Endpoints, len(r.FullPassMS), r.FullPassMedianMS, r.FullPassCPUMedianMS, r.FullPassMS, r.FullPassCPUMS, r.FullPassAllocMB)
+			}
+		}
 		b.WriteString("\n")
 		for _, k := range keys {
 			fmt.Fprintf(&b, "- %s: %.2f\n", k, rep.BurstRatios[k])

@@ -33,8 +33,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -68,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	unbatched := fs.Bool("unbatched", false, "one netlink request per kernel write: IPVS, ipset entries and kube-ipvs0 addresses (the baseline before batching)")
 	chunkOps := fs.Int("chunk-ops", 0, "apply the cold start as Deltas of at most this many estimated kernel operations (0: one Delta)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the cold start to this file (a diagnosis aid)")
+	fullPasses := fs.Int("full-passes", 0, "periodic full reconciles to time after the changes, nothing changing (>= 0)")
+	passProfile := fs.String("pass-cpuprofile", "", "write a CPU profile of the full reconciles to this file (a diagnosis aid)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,8 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *n < 1 || *n > maxServices {
 		return fmt.Errorf("--services %d: must be 1..%d", *n, maxServices)
 	}
-	if *changes < 1 || *removes < 0 {
-		return errors.New("--changes must be >= 1 and --removes >= 0")
+	if *changes < 1 || *removes < 0 || *fullPasses < 0 {
+		return errors.New("--changes must be >= 1, --removes and --full-passes >= 0")
 	}
 	if *endpoints < 2 || *endpoints > 90 {
 		return fmt.Errorf("--endpoints %d: must be 2..90", *endpoints)
@@ -111,7 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("reconciler: %w", err)
 	}
 	res := vmbench.Result{Services: *n, Changes: *changes, Removes: *removes, KernelOpenMS: ms(time.Since(t0)),
-		Endpoints: *endpoints, Unbatched: *unbatched, ChunkOps: *chunkOps}
+		Endpoints: *endpoints, Unbatched: *unbatched, ChunkOps: *chunkOps, FullPasses: *fullPasses}
 
 	svcs := make([]*vsplanev1.Resource, *n)
 	for i := range svcs {
@@ -170,9 +174,77 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		res.RemoveMedianMS, res.RemoveP90MS = ms(vmbench.Quantile(times, 0.5)), ms(vmbench.Quantile(times, 0.9))
 	}
 
+	if err := timeFullPasses(ctx, r, *fullPasses, *passProfile, &res); err != nil {
+		return err
+	}
+
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(res)
+}
+
+// timeFullPasses runs n periodic full reconciles of the unchanged state (what
+// the agent does every period while nothing changes) and records each one's
+// wall time, the process's CPU time and the bytes allocated. A pass that
+// finds something to repair is an error: nothing changed.
+func timeFullPasses(ctx context.Context, r *reconcile.Reconciler, n int, profile string, res *vmbench.Result) error {
+	if n == 0 {
+		return nil
+	}
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	before := r.Stats()
+	var walls, cpus []time.Duration
+	var allocs []uint64
+	for range n {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		c0, err := processCPU()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		r.Reconcile(ctx)
+		wall := time.Since(start)
+		c1, err := processCPU()
+		if err != nil {
+			return err
+		}
+		runtime.ReadMemStats(&m1)
+		walls, cpus, allocs = append(walls, wall), append(cpus, c1-c0), append(allocs, m1.TotalAlloc-m0.TotalAlloc)
+	}
+	after := r.Stats()
+	if got := after.FullReconciles - before.FullReconciles; got != uint64(n) {
+		return fmt.Errorf("full passes: %d ran, want %d", got, n)
+	}
+	if rep := after.DriftRepaired - before.DriftRepaired; rep != 0 {
+		return fmt.Errorf("full passes over an unchanged kernel repaired %d things: %v", rep, after.RepairsByKind)
+	}
+	for i := range walls {
+		res.FullPassMS = append(res.FullPassMS, ms(walls[i]))
+		res.FullPassCPUMS = append(res.FullPassCPUMS, ms(cpus[i]))
+		res.FullPassAllocMB = append(res.FullPassAllocMB, float64(allocs[i])/1e6)
+	}
+	res.FullPassMedianMS, res.FullPassCPUMedianMS = ms(vmbench.Quantile(walls, 0.5)), ms(vmbench.Quantile(cpus, 0.5))
+	return nil
+}
+
+// processCPU is the user+system CPU time this process has used.
+func processCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // oneByOne, oneByOneSets and oneByOneLinks send every write of a batch as
