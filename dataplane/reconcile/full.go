@@ -125,6 +125,6 @@ func (r *Reconciler) syncAll(p *pass, read *kernelRead, since writesDuringRead) 
 	}
 	// The entries below are read from what the writes just updated.
 	p.flushWrites()
-	p.syncEntries(p.entriesToCompare())
+	p.syncAllEntries()
 	p.flushWrites()
 }

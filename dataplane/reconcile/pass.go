@@ -69,8 +69,6 @@ type pass struct {
 	// flowsWritten are the UDP and SCTP virtual servers the pass wrote
 	// (staleflows.go).
 	flowsWritten map[kernel.VirtualServerKey]struct{}
-	// destScratch is syncDests' map of a server's real servers, reused.
-	destScratch map[kernel.DestinationKey]kernel.Destination
 }
 
 func (r *Reconciler) newPass(ctx context.Context) *pass {
@@ -109,8 +107,14 @@ func (p *pass) excluded(a netip.Addr) bool {
 }
 
 // ownersToBlame is who answers for an item's failure: its current owners
-// plus the changed resources that touched it, sorted.
+// plus the changed resources that touched it, sorted. The result is only
+// read, and only during the pass (the store does not change during one):
+// with no touchers, sorted owners are returned as they are (clipped, so an
+// append copies), sparing a full pass a copy per virtual server.
 func ownersToBlame(owners, touchers []string) []string {
+	if len(touchers) == 0 && slices.IsSorted(owners) {
+		return slices.Clip(owners)
+	}
 	out := slices.Clone(owners)
 	for _, t := range touchers {
 		out = appendOnce(out, t)

@@ -7,7 +7,6 @@ import (
 	"math/bits"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"syscall"
 
@@ -240,7 +239,7 @@ func (v *IPVS) ListDestinations(key kernel.VirtualServerKey) ([]kernel.Destinati
 		}
 		return []kernel.Destination{}, nil
 	}
-	slices.SortFunc(out, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+	sortDestinations(out)
 	return out, nil
 }
 

@@ -199,10 +199,25 @@ func parseProcIPVS(r *bufio.Reader, sizeHint int) (map[kernel.VirtualServerKey][
 	out := make(map[kernel.VirtualServerKey][]kernel.Destination, len(servers))
 	for _, s := range servers {
 		ds := all[s.start:s.end:s.end] // capped: a reader's append copies
-		slices.SortFunc(ds, func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) })
+		sortDestinations(ds)
 		out[s.key] = ds
 	}
 	return out, len(all), nil
+}
+
+// sortDestinations sorts a server's destinations by key. The kernel lists
+// them newest first (ip_vs_add_dest adds at the head of the server's list)
+// and the agent adds them in key order, so a list is usually in reverse
+// key order: reversing it costs n-1 compares, where sorting reversed input
+// cost an insertion sort's n²/2 (half of the dump's parse time at 2,000
+// servers x 10 destinations in the TCG VM).
+func sortDestinations(ds []kernel.Destination) {
+	byKey := func(a, b kernel.Destination) int { return a.Key().Compare(b.Key()) }
+	if slices.IsSortedFunc(ds, func(a, b kernel.Destination) int { return byKey(b, a) }) {
+		slices.Reverse(ds)
+		return
+	}
+	slices.SortFunc(ds, byKey)
 }
 
 // appendFields appends the whitespace-separated fields of line to dst: a
