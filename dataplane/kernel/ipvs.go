@@ -91,15 +91,27 @@ func (k VirtualServerKey) Validate() error {
 
 // Compare orders keys the way List methods return them: address servers
 // before fwmark servers, then by family, address, protocol, port and mark.
+//
+// It returns at the first field that differs (cmp.Or would evaluate every
+// comparison first): the reads sort the whole table by it, 2,000 servers
+// per drift probe at 1k Services.
 func (k VirtualServerKey) Compare(o VirtualServerKey) int {
-	return cmp.Or(
-		cmp.Compare(boolInt(k.FWMark != 0), boolInt(o.FWMark != 0)),
-		cmp.Compare(k.Family, o.Family),
-		k.Address.Compare(o.Address),
-		cmp.Compare(k.Protocol, o.Protocol),
-		cmp.Compare(k.Port, o.Port),
-		cmp.Compare(k.FWMark, o.FWMark),
-	)
+	if c := cmp.Compare(boolInt(k.FWMark != 0), boolInt(o.FWMark != 0)); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Family, o.Family); c != 0 {
+		return c
+	}
+	if c := k.Address.Compare(o.Address); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Protocol, o.Protocol); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Port, o.Port); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.FWMark, o.FWMark)
 }
 
 func boolInt(b bool) int {
@@ -184,7 +196,10 @@ type DestinationKey struct {
 
 // Compare orders destinations by address, then port.
 func (k DestinationKey) Compare(o DestinationKey) int {
-	return cmp.Or(k.Address.Compare(o.Address), cmp.Compare(k.Port, o.Port))
+	if c := k.Address.Compare(o.Address); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Port, o.Port)
 }
 
 func (k DestinationKey) String() string { return netip.AddrPortFrom(k.Address, k.Port).String() }
