@@ -70,6 +70,13 @@ type Result struct {
 	FullPassAllocMB     []float64 `json:"full_pass_alloc_mb,omitempty"`
 	FullPassMedianMS    float64   `json:"full_pass_median_ms,omitempty"`
 	FullPassCPUMedianMS float64   `json:"full_pass_cpu_median_ms,omitempty"`
+	// QuietSeconds of the reconciler's own loop (vmbench --quiet: full
+	// passes and drift probes at the agent's defaults) with nothing
+	// changing cost QuietCPUMS of the process's CPU and ran
+	// QuietFullPasses full passes.
+	QuietSeconds    float64 `json:"quiet_seconds,omitempty"`
+	QuietCPUMS      float64 `json:"quiet_cpu_ms,omitempty"`
+	QuietFullPasses uint64  `json:"quiet_full_passes,omitempty"`
 }
 
 // TimelineStep is one step of the agent's "cold start" log line: its own

@@ -72,6 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the cold start to this file (a diagnosis aid)")
 	fullPasses := fs.Int("full-passes", 0, "periodic full reconciles to time after the changes, nothing changing (>= 0)")
 	passProfile := fs.String("pass-cpuprofile", "", "write a CPU profile of the full reconciles to this file (a diagnosis aid)")
+	quiet := fs.Duration("quiet", 0, "then run the reconciler's own loop this long, nothing changing (a full pass every 30 s, the drift probe every 5 s: the agent's defaults), and report its CPU")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,8 +82,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *n < 1 || *n > maxServices {
 		return fmt.Errorf("--services %d: must be 1..%d", *n, maxServices)
 	}
-	if *changes < 1 || *removes < 0 || *fullPasses < 0 {
-		return errors.New("--changes must be >= 1, --removes and --full-passes >= 0")
+	if *changes < 1 || *removes < 0 || *fullPasses < 0 || *quiet < 0 {
+		return errors.New("--changes must be >= 1, --removes, --full-passes and --quiet >= 0")
 	}
 	if *endpoints < 2 || *endpoints > 90 {
 		return fmt.Errorf("--endpoints %d: must be 2..90", *endpoints)
@@ -103,14 +104,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("open kernel: %w", err)
 	}
-	// A long period: no full reconcile runs during the measurement (Run is
-	// never started anyway).
+	// Run (the periodic full pass and the drift probe) is started only for
+	// --quiet, so the period matters only then: the agent's default.
 	if *unbatched {
 		k.IPVS = oneByOne{k.IPVS}
 		k.IPSets = oneByOneSets{k.IPSets}
 		k.Links = oneByOneLinks{k.Links}
 	}
-	r, err := reconcile.New(k, reconcile.Config{Period: time.Hour}, log)
+	r, err := reconcile.New(k, reconcile.Config{}, log)
 	if err != nil {
 		return fmt.Errorf("reconciler: %w", err)
 	}
@@ -177,6 +178,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := timeFullPasses(ctx, r, *fullPasses, *passProfile, &res); err != nil {
 		return err
 	}
+	if err := timeQuiet(ctx, r, *quiet, &res); err != nil {
+		return err
+	}
 
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
@@ -235,6 +239,36 @@ func timeFullPasses(ctx context.Context, r *reconcile.Reconciler, n int, profile
 		res.FullPassAllocMB = append(res.FullPassAllocMB, float64(allocs[i])/1e6)
 	}
 	res.FullPassMedianMS, res.FullPassCPUMedianMS = ms(vmbench.Quantile(walls, 0.5)), ms(vmbench.Quantile(cpus, 0.5))
+	return nil
+}
+
+// timeQuiet runs the reconciler's loop for d with nothing changing and
+// records the process's CPU time over it and the full passes it ran. Drift
+// repaired is an error: nothing changed.
+func timeQuiet(ctx context.Context, r *reconcile.Reconciler, d time.Duration, res *vmbench.Result) error {
+	if d == 0 {
+		return nil
+	}
+	before := r.Stats()
+	c0, err := processCPU()
+	if err != nil {
+		return err
+	}
+	qctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if err := r.Run(qctx); err != nil {
+		return err
+	}
+	c1, err := processCPU()
+	if err != nil {
+		return err
+	}
+	after := r.Stats()
+	if rep := after.DriftRepaired - before.DriftRepaired; rep != 0 {
+		return fmt.Errorf("quiet: %d things repaired with nothing changing: %v", rep, after.RepairsByKind)
+	}
+	res.QuietSeconds, res.QuietCPUMS = d.Seconds(), ms(c1-c0)
+	res.QuietFullPasses = after.FullReconciles - before.FullReconciles
 	return nil
 }
 
