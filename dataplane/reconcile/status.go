@@ -193,10 +193,7 @@ func (r *Reconciler) statsLocked() Stats {
 	s := r.stats
 	s.RepairsByKind = maps.Clone(r.stats.RepairsByKind)
 	s.FailedResources = len(r.status.failed)
-	s.KernelErrors = append(slices.Clone(r.status.unowned), r.drains.errs...)
-	if r.schedulers.err != "" {
-		s.KernelErrors = append(s.KernelErrors, r.schedulers.err)
-	}
+	s.KernelErrors = r.kernelErrorsLocked()
 	s.Draining = r.drains.count()
 	s.DrainsCompleted, s.DrainsTimedOut = r.drains.completed, r.drains.timedOut
 	s.DrainOps = maps.Clone(r.stats.DrainOps)
@@ -213,18 +210,29 @@ func (r *Reconciler) statsLocked() Stats {
 	return s
 }
 
-// Status renders Stats and the drain list as an AgentStatus.
+// kernelErrorsLocked are the errors no resource owns (a fresh slice).
+// Caller holds mu.
+func (r *Reconciler) kernelErrorsLocked() []string {
+	errs := append(slices.Clone(r.status.unowned), r.drains.errs...)
+	if r.schedulers.err != "" {
+		errs = append(errs, r.schedulers.err)
+	}
+	return errs
+}
+
+// Status renders the counters an AgentStatus carries and the drain list.
+// The agent polls it every second, so it reads only those: Stats walks
+// every resource.
 func (r *Reconciler) Status() *vsplanev1.AgentStatus {
 	r.mu.Lock()
-	s, drains := r.statsLocked(), r.drains.list()
+	st := &vsplanev1.AgentStatus{DriftRepaired: uint32(min(r.stats.DriftRepaired, 1<<32-1)), KernelErrors: r.kernelErrorsLocked(),
+		Draining: drainProto(r.drains.list())}
+	if len(r.status.recovered) > 0 {
+		st.Recovered = maps.Clone(r.status.recovered)
+	}
+	if last := r.stats.LastFullReconcile; !last.IsZero() {
+		st.LastFullReconcile = timestamppb.New(last)
+	}
 	r.mu.Unlock()
-	st := &vsplanev1.AgentStatus{DriftRepaired: uint32(min(s.DriftRepaired, 1<<32-1)), KernelErrors: s.KernelErrors,
-		Draining: drainProto(drains)}
-	if len(s.Recovered) > 0 {
-		st.Recovered = s.Recovered
-	}
-	if !s.LastFullReconcile.IsZero() {
-		st.LastFullReconcile = timestamppb.New(s.LastFullReconcile)
-	}
 	return st
 }
