@@ -285,18 +285,46 @@ func (o *options) rolloutCommand() *cobra.Command {
 	return cmd
 }
 
+// rolloutObserveGrace is how long a watch waits for the control plane to
+// observe a rollout it does not know yet.
+const rolloutObserveGrace = 30 * time.Second
+
 // rolloutStatus prints the rollout once, or on every change until it
-// reaches a terminal phase; the result is the last state's.
+// reaches a terminal phase; the result is the last state's. Watching, a
+// rollout the control plane does not know yet is waited for
+// (rolloutObserveGrace).
 func (o *options) rolloutStatus(ctx context.Context, insp vsplanev1.InspectServiceClient, name string, watch bool, interval time.Duration) error {
 	if watch && interval <= 0 {
 		return usagef("--interval must be positive")
 	}
 	var last string
 	var tick *time.Ticker
+	var unseenSince time.Time // watching, not yet seen: since when
 	for {
 		r, err := insp.GetRollout(ctx, &vsplanev1.GetRolloutRequest{Name: name})
-		if err != nil {
+		switch {
+		case err == nil:
+		case watch && last == "" && status.Code(err) == codes.NotFound:
+			// The control plane answers from its informer, which sees a
+			// rollout a moment after `kubectl apply` returned: wait for it,
+			// as `kubectl rollout status` waits for its object to be
+			// observed, but not for ever (a misspelt name).
+			if unseenSince.IsZero() {
+				unseenSince = o.now()
+				fmt.Fprintf(o.stderr, "Waiting up to %v for the control plane to observe rollout %q...\n", rolloutObserveGrace, name)
+			} else if o.now().Sub(unseenSince) >= rolloutObserveGrace {
+				return err
+			}
+		default:
 			return err
+		}
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(min(interval, time.Second)):
+			}
+			continue
 		}
 		if s := string(protoJSON(r)); s != last {
 			if last != "" && o.output == OutputTable {
