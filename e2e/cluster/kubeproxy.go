@@ -23,8 +23,9 @@ const KubeProxyBinary = "kube-proxy"
 
 // KubeProxyOptions configure StartKubeProxy.
 type KubeProxyOptions struct {
-	// Mode is --proxy-mode: "ipvs" (the default) or "nftables" (kube-proxy
-	// runs Debian's nft, put into the guest by scripts/vm/build-initramfs.sh).
+	// Mode is --proxy-mode: "ipvs" (the default), "nftables" (kube-proxy
+	// runs Debian's nft, put into the guest by scripts/vm/build-initramfs.sh)
+	// or "iptables".
 	Mode string
 	// IPv4Only sets net.ipv6.conf.all.disable_ipv6=1 in the node namespace
 	// first, so kube-proxy runs its single-stack IPv4 proxier as on an
@@ -153,8 +154,8 @@ func (c *Cluster) StartKubeProxy(ctx context.Context, node string, o KubeProxyOp
 	if !c.opts.KubeProxy {
 		return nil, fmt.Errorf("cluster: StartKubeProxy needs Options.KubeProxy")
 	}
-	if m := o.mode(); m != "ipvs" && m != "nftables" {
-		return nil, fmt.Errorf("cluster: kube-proxy mode %q: want ipvs or nftables", m)
+	if m := o.mode(); m != "ipvs" && m != "nftables" && m != "iptables" {
+		return nil, fmt.Errorf("cluster: kube-proxy mode %q: want ipvs, nftables or iptables", m)
 	}
 	n, err := c.Node(node)
 	if err != nil {

@@ -117,17 +117,18 @@ type flowPhase struct {
 // out conntrack's SCTP timeouts. kube-proxy's flows are reported beside
 // them (VSPLANE_FLOW_REPORT writes the table, VSPLANE_FLOW_LOGS every
 // flow's log). Before the flows, checkPortReuseAcrossServices compares the
-// two proxies (and kube-proxy's nftables mode on node4) on one client port
-// used towards two Services of one Pod.
+// two proxies (and kube-proxy's nftables and iptables modes on node4 and
+// node5) on one client port used towards two Services of one Pod.
 func TestVMFlowsAcrossChanges(t *testing.T) {
 	run := newVMRun(t, 9*time.Minute)
 	ctx, phase := run.ctx, run.phase
-	// node4 runs kube-proxy's nftables mode for the port-reuse check only.
-	const kp, agent, backends, kpNFT = "node1", "node2", "node3", "node4"
+	// node4 and node5 run kube-proxy's nftables and iptables modes for the
+	// port-reuse check only.
+	const kp, agent, backends, kpNFT, kpIPT = "node1", "node2", "node3", "node4", "node5"
 	c := run.startCluster(cluster.Options{
-		Nodes:      4,
-		Pods:       [][]string{{"cli-k"}, {"cli-v"}, {"pod-x", "pod-y"}, {"cli-n"}},
-		NoAgent:    []string{kp, kpNFT},
+		Nodes:      5,
+		Pods:       [][]string{{"cli-k"}, {"cli-v"}, {"pod-x", "pod-y"}, {"cli-n"}, {"cli-i"}},
+		NoAgent:    []string{kp, kpNFT, kpIPT},
 		KubeProxy:  true,
 		GoPackages: []string{sctpPackage},
 		Log:        zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
@@ -164,9 +165,13 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	iptProc, err := c.StartKubeProxy(ctx, kpIPT, cluster.KubeProxyOptions{Mode: "iptables", IPv4Only: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for mode, p := range map[string]*vm.Proc{"ipvs": kproc, "nftables": nftProc} {
+			for mode, p := range map[string]*vm.Proc{"ipvs": kproc, "nftables": nftProc, "iptables": iptProc} {
 				if l, err := p.Log(context.Background()); err == nil {
 					t.Logf("kube-proxy (%s) log tail:\n%s", mode, tail(l, 30))
 				}
@@ -236,7 +241,7 @@ func TestVMFlowsAcrossChanges(t *testing.T) {
 	}
 	checkPortReuseAcrossServices(t, ctx, c, "pod-y", []portReuseSide{
 		{"kube-proxy", kp, &c.Pods["cli-k"].Netns, true}, {"vsplane", agent, &c.Pods["cli-v"].Netns, true}, {"vsplane", agent, client2, false},
-		{"kube-proxy-nftables", kpNFT, &c.Pods["cli-n"].Netns, false}})
+		{"kube-proxy-nftables", kpNFT, &c.Pods["cli-n"].Netns, false}, {"kube-proxy-iptables", kpIPT, &c.Pods["cli-i"].Netns, false}})
 	phase("port reuse across Services")
 	m.start(t)
 	t.Cleanup(func() { m.stop() })
