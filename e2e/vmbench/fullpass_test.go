@@ -48,7 +48,8 @@ type FullPassRun struct {
 // namespace, the previous node's IPVS table flushed first (Linux 6.1's
 // /proc/net/ip_vs dump skips servers while another namespace holds some, and
 // a node of a real cluster has one namespace). VSPLANE_VMBENCH_PASS_PROFILE=P
-// writes each build's CPU profile of its passes (last round) to P.BUILD.
+// writes each build's CPU profiles of its passes and of the quiet window (last
+// round) to P.BUILD and P.quiet.BUILD.
 // After the timed passes each run lets the reconciler's own loop run for
 // VSPLANE_VMBENCH_FULLPASS_QUIET (default 1m; full passes every 30 s and the
 // drift probe every 5 s, the agent's defaults) and reports its CPU. Results:
@@ -123,7 +124,7 @@ func TestVMBenchFullPass(t *testing.T) {
 			cmd := fmt.Sprintf("%s --services %d --endpoints %d --changes 1 --removes 0 --full-passes %d --quiet %s", build, services, endpoints, fullPasses, quiet)
 			profile := os.Getenv("VSPLANE_VMBENCH_PASS_PROFILE")
 			if profile != "" {
-				cmd += " --pass-cpuprofile /tmp/pass.prof"
+				cmd += " --pass-cpuprofile /tmp/pass.prof --quiet-cpuprofile /tmp/quiet.prof"
 			}
 			out, err := node.RunOK(ctx, cmd)
 			if err != nil {
@@ -145,6 +146,11 @@ func TestVMBenchFullPass(t *testing.T) {
 				// The profile of each build's last round.
 				if err := copyOut(ctx, node, "/tmp/pass.prof", fmt.Sprintf("%s.%s", profile, build)); err != nil {
 					t.Fatal(err)
+				}
+				if quiet > 0 {
+					if err := copyOut(ctx, node, "/tmp/quiet.prof", fmt.Sprintf("%s.quiet.%s", profile, build)); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			rep.Runs = append(rep.Runs, FullPassRun{Build: build, Round: round, Result: r})

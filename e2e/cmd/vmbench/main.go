@@ -72,6 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the cold start to this file (a diagnosis aid)")
 	fullPasses := fs.Int("full-passes", 0, "periodic full reconciles to time after the changes, nothing changing (>= 0)")
 	passProfile := fs.String("pass-cpuprofile", "", "write a CPU profile of the full reconciles to this file (a diagnosis aid)")
+	quietProfile := fs.String("quiet-cpuprofile", "", "write a CPU profile of the --quiet window to this file (a diagnosis aid)")
 	quiet := fs.Duration("quiet", 0, "then run the reconciler's own loop this long, nothing changing (a full pass every 30 s, the drift probe every 5 s: the agent's defaults), and report its CPU")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -122,20 +123,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for i := range svcs {
 		svcs[i] = service(i, 0)
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
+	stop, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
 	err = coldStart(ctx, r, svcs, *chunkOps, &res)
-	if *cpuProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stop()
 	if err != nil {
 		return err
 	}
@@ -178,7 +171,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := timeFullPasses(ctx, r, *fullPasses, *passProfile, &res); err != nil {
 		return err
 	}
-	if err := timeQuiet(ctx, r, *quiet, &res); err != nil {
+	if err := timeQuiet(ctx, r, *quiet, *quietProfile, &res); err != nil {
 		return err
 	}
 
@@ -195,17 +188,11 @@ func timeFullPasses(ctx context.Context, r *reconcile.Reconciler, n int, profile
 	if n == 0 {
 		return nil
 	}
-	if profile != "" {
-		f, err := os.Create(profile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(profile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	before := r.Stats()
 	var walls, cpus []time.Duration
 	var allocs []uint64
@@ -245,10 +232,15 @@ func timeFullPasses(ctx context.Context, r *reconcile.Reconciler, n int, profile
 // timeQuiet runs the reconciler's loop for d with nothing changing and
 // records the process's CPU time over it and the full passes it ran. Drift
 // repaired is an error: nothing changed.
-func timeQuiet(ctx context.Context, r *reconcile.Reconciler, d time.Duration, res *vmbench.Result) error {
+func timeQuiet(ctx context.Context, r *reconcile.Reconciler, d time.Duration, profile string, res *vmbench.Result) error {
 	if d == 0 {
 		return nil
 	}
+	stop, err := startCPUProfile(profile)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	before := r.Stats()
 	c0, err := processCPU()
 	if err != nil {
@@ -270,6 +262,23 @@ func timeQuiet(ctx context.Context, r *reconcile.Reconciler, d time.Duration, re
 	res.QuietSeconds, res.QuietCPUMS = d.Seconds(), ms(c1-c0)
 	res.QuietFullPasses = after.FullReconciles - before.FullReconciles
 	return nil
+}
+
+// startCPUProfile starts a CPU profile written to path ("": none) and
+// returns what stops it.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // processCPU is the user+system CPU time this process has used.
