@@ -225,6 +225,15 @@ func (v trackedIPVS) DumpDestinations() (map[kernel.VirtualServerKey][]kernel.De
 	return nil, kernel.ErrUnsupported
 }
 
+// DigestVirtualServers passes the optional read through
+// (kernel.ErrUnsupported when the wrapped IPVS has none).
+func (v trackedIPVS) DigestVirtualServers() (uint64, error) {
+	if d, ok := v.IPVS.(kernel.VirtualServerDigester); ok {
+		return d.DigestVirtualServers()
+	}
+	return 0, kernel.ErrUnsupported
+}
+
 type trackedIPSets struct {
 	kernel.IPSets
 	t *writeTracker

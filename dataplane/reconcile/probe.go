@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -32,7 +33,12 @@ import (
 // repair (a set of another type it does not replace) do not run a pass per
 // probe. Its cost: one virtual-server dump (read without the lock, so a
 // Delta does not wait for it), one set-header dump and a fingerprint per
-// family (two getsockopts, or one netlink get) per interval.
+// family (two getsockopts, or one netlink get) per interval. The virtual
+// servers are listed and compared only when their digest
+// (kernel.VirtualServerDigester: the same dump, nothing sorted or
+// compared) differs from that of the last listing found right, or the
+// agent wrote since: ~60 ms a probe at 2,000 servers in the TCG VM, most of
+// a quiet agent's CPU, before.
 
 // driftProbe is the probe's schedule and counters.
 type driftProbe struct {
@@ -40,6 +46,13 @@ type driftProbe struct {
 	// runs counts probes, hits those that found drift and whose full
 	// pass has ended.
 	runs, hits uint64
+	// rightDigest is the kernel.DigestOf of the last listing the probe
+	// compared and found right, at write generation rightGen (valid:
+	// rightKnown). While the table's digest equals it and the agent wrote
+	// nothing since, the next probe neither lists nor compares.
+	rightDigest uint64
+	rightGen    uint64
+	rightKnown  bool
 }
 
 // scheduleProbe schedules the next probe after a full pass.
@@ -62,20 +75,36 @@ func (r *Reconciler) probeDrift() string {
 		return ""
 	}
 	gen := r.writeGeneration()
+	digestAgainst, checkDigest := r.probe.rightDigest, r.probe.rightKnown && r.probe.rightGen == gen
 	r.mu.Unlock()
-	listed, listErr := r.k.IPVS.ListVirtualServers()
+	unchanged := false
+	if d, ok := r.k.IPVS.(kernel.VirtualServerDigester); ok && checkDigest {
+		digest, err := d.DigestVirtualServers()
+		unchanged = err == nil && digest == digestAgainst
+	}
+	var listed []kernel.VirtualServer
+	listErr := errProbeSkipped
+	if !unchanged {
+		listed, listErr = r.k.IPVS.ListVirtualServers()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if listErr == nil && gen == r.writeGeneration() {
 		if drift := r.probeVirtualServers(listed); drift != "" {
+			r.probe.rightKnown = false
 			return drift
 		}
+		r.probe.rightDigest, r.probe.rightGen, r.probe.rightKnown = kernel.DigestOf(listed), gen, true
 	}
 	if drift := r.probeSets(); drift != "" {
 		return drift
 	}
 	return r.probeRules()
 }
+
+// errProbeSkipped: the probe did not list the virtual servers, whose digest
+// equals that of a listing it found right.
+var errProbeSkipped = errors.New("virtual servers unchanged since the last right listing")
 
 // writeGeneration changes with every Delta applied and every full pass
 // (the writes the agent makes). Caller holds mu.

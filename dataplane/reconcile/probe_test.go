@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap/zaptest"
 
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/kernel/memory"
@@ -205,4 +208,69 @@ func TestDriftProbeSkipsFailedResources(t *testing.T) {
 	if r.probe.hits != 0 {
 		t.Errorf("probes found drift %d times in the failed resource's missing server; want none", r.probe.hits)
 	}
+}
+
+// listCountingIPVS counts ListVirtualServers calls and passes the digest
+// through.
+type listCountingIPVS struct {
+	kernel.IPVS
+	lists int
+}
+
+func (c *listCountingIPVS) ListVirtualServers() ([]kernel.VirtualServer, error) {
+	c.lists++
+	return c.IPVS.ListVirtualServers()
+}
+
+func (c *listCountingIPVS) DigestVirtualServers() (uint64, error) {
+	return c.IPVS.(kernel.VirtualServerDigester).DigestVirtualServers()
+}
+
+// TestDriftProbeListsOnlyWhenTheDigestMoves: a probe lists and compares the
+// virtual servers once after the agent wrote; while their digest stays
+// that of the listing it found right, the next probes only read the
+// digest; a server edited by hand moves it, and that probe lists and finds
+// the drift. The agent's own writes (a full pass, a Delta) list again.
+func TestDriftProbeListsOnlyWhenTheDigestMoves(t *testing.T) {
+	mk := memory.New()
+	k := mk.Kernel()
+	counting := &listCountingIPVS{IPVS: k.IPVS}
+	k.IPVS = counting
+	r, err := New(k, Config{Period: time.Hour, ProbeInterval: time.Hour}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAck(t, apply(t, r, full(settingsRes(defaultNodeSettings()), svcA.resource(), svcB.resource())))
+	probe := func(wantLists int, wantDrift string) {
+		t.Helper()
+		counting.lists = 0
+		if got := r.probeDrift(); !strings.Contains(got, wantDrift) || (wantDrift == "") != (got == "") {
+			t.Fatalf("probe found %q, want %q", got, wantDrift)
+		}
+		if counting.lists != wantLists {
+			t.Fatalf("probe listed the virtual servers %d times, want %d", counting.lists, wantLists)
+		}
+	}
+	probe(1, "") // first after the agent's writes: lists, finds them right
+	probe(0, "") // digest unchanged: no listing
+	probe(0, "")
+
+	keyA := kernel.AddrKey(netip.MustParseAddr(svcA.vip), kernel.ProtocolTCP, uint16(svcA.port))
+	vs, err := mk.Kernel().IPVS.GetVirtualServer(keyA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs.Scheduler = "wrr" // ipvsadm -E, behind the agent's back
+	if errs := mk.Kernel().IPVS.Apply([]kernel.IPVSOp{{Kind: kernel.UpdateVirtualServer, Server: vs}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	probe(1, "was changed")
+	probe(1, "was changed") // nothing recorded from a drifted listing
+
+	r.Reconcile(context.Background()) // the full pass the probe would run: repairs it
+	probe(1, "")
+	probe(0, "")
+	mustAck(t, apply(t, r, &vsplanev1.Delta{Nonce: "b-gone", Removed: []string{svcB.resource().GetName()}}))
+	probe(1, "")
+	probe(0, "")
 }

@@ -395,6 +395,55 @@ func wantDests(t *testing.T, v kernel.IPVS, key kernel.VirtualServerKey, want []
 	}
 }
 
+// RunVirtualServerDigester checks the optional kernel.VirtualServerDigester
+// of v (failing when v has none): the digest equals kernel.DigestOf of the
+// listing, and changes when a server is added, changed or deleted, and
+// back when the change is undone.
+func RunVirtualServerDigester(t *testing.T, v kernel.IPVS) {
+	d, ok := v.(kernel.VirtualServerDigester)
+	if !ok {
+		t.Fatalf("%T does not implement kernel.VirtualServerDigester", v)
+	}
+	digest := func(what string) uint64 {
+		t.Helper()
+		got, err := d.DigestVirtualServers()
+		must(t, err, "digest virtual servers "+what)
+		list, err := v.ListVirtualServers()
+		must(t, err, "list virtual servers "+what)
+		if want := kernel.DigestOf(list); got != want {
+			t.Fatalf("%s: digest %#x, DigestOf the listing %#x", what, got, want)
+		}
+		return got
+	}
+	before := digest("before")
+	vs := kernel.VirtualServer{Key: kernel.AddrKey(testAddr4(), kernel.ProtocolTCP, 80), Scheduler: "rr"}
+	addVS(t, v, vs)
+	added := digest("with a server added")
+	if added == before {
+		t.Errorf("digest %#x unchanged by an added server", added)
+	}
+	edited := vs
+	edited.Scheduler, edited.Flags, edited.Timeout = "wrr", kernel.FlagPersistent, 60
+	if errs := v.Apply([]kernel.IPVSOp{{Kind: kernel.UpdateVirtualServer, Server: edited}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if got := digest("with the server edited"); got == added || got == before {
+		t.Errorf("digest %#x unchanged by an edited server (added %#x, before %#x)", got, added, before)
+	}
+	if errs := v.Apply([]kernel.IPVSOp{{Kind: kernel.UpdateVirtualServer, Server: vs}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if got := digest("with the edit undone"); got != added {
+		t.Errorf("digest %#x after the edit was undone, want %#x", got, added)
+	}
+	if errs := v.Apply([]kernel.IPVSOp{{Kind: kernel.DeleteVirtualServer, Server: vs}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if got := digest("with the server deleted"); got != before {
+		t.Errorf("digest %#x after the server was deleted, want %#x as before", got, before)
+	}
+}
+
 // RunDestinationDumper checks the optional kernel.DestinationDumper of v
 // (failing when v has none): each dumped list equals ListDestinations,
 // firewall-mark servers are left out, and a small table comes back whole.

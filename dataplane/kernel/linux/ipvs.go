@@ -45,8 +45,9 @@ type IPVS struct {
 }
 
 var (
-	_ kernel.IPVS              = (*IPVS)(nil)
-	_ kernel.DestinationDumper = (*IPVS)(nil)
+	_ kernel.IPVS                  = (*IPVS)(nil)
+	_ kernel.DestinationDumper     = (*IPVS)(nil)
+	_ kernel.VirtualServerDigester = (*IPVS)(nil)
 )
 
 // probeMark is the firewall mark of the throw-away virtual server NewIPVS
@@ -206,6 +207,18 @@ func (v *IPVS) ListVirtualServers() ([]kernel.VirtualServer, error) {
 	}
 	v.listed = len(out)
 	return out, nil
+}
+
+// DigestVirtualServers implements kernel.VirtualServerDigester: one dump,
+// nothing listed or sorted.
+func (v *IPVS) DigestVirtualServers() (uint64, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	d, err := v.batch.digestServices()
+	if err != nil {
+		return 0, ipvsError("ipvs: digest virtual servers", err, kernel.ErrNotFound)
+	}
+	return d, nil
 }
 
 func (v *IPVS) GetVirtualServer(key kernel.VirtualServerKey) (kernel.VirtualServer, error) {

@@ -28,21 +28,34 @@ const (
 // listServices dumps every virtual server of the namespace, sorted by key.
 func (b *ipvsBatcher) listServices(sizeHint int) ([]kernel.VirtualServer, error) {
 	out := make([]kernel.VirtualServer, 0, sizeHint)
-	err := b.reads.dump(func(buf []byte) ([]byte, uint16, uint16) {
+	if err := b.eachService(func(vs kernel.VirtualServer) { out = append(out, vs) }); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b kernel.VirtualServer) int { return a.Key.Compare(b.Key) })
+	return out, nil
+}
+
+// digestServices dumps every virtual server of the namespace into
+// kernel.DigestOf's sum, in the kernel's order.
+func (b *ipvsBatcher) digestServices() (uint64, error) {
+	var d uint64
+	err := b.eachService(func(vs kernel.VirtualServer) { d += vs.Digest() })
+	return d, err
+}
+
+// eachService dumps every virtual server of the namespace, in the kernel's
+// order.
+func (b *ipvsBatcher) eachService(each func(kernel.VirtualServer)) error {
+	return b.reads.dump(func(buf []byte) ([]byte, uint16, uint16) {
 		return append(buf, ipvsCmdGetService, ipvsGenlVersion, 0, 0), b.family, unix.NLM_F_DUMP
 	}, func(msg []byte) error {
 		vs, err := parseServiceMsg(msg)
 		if err != nil {
 			return err
 		}
-		out = append(out, vs)
+		each(vs)
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	slices.SortFunc(out, func(a, b kernel.VirtualServer) int { return a.Key.Compare(b.Key) })
-	return out, nil
 }
 
 // parseServiceMsg reads one IPVS_CMD_NEW_SERVICE reply: a genlmsghdr and

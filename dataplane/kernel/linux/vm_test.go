@@ -63,6 +63,12 @@ func TestVMDestinationDumperContract(t *testing.T) {
 	contract.RunDestinationDumper(t, newIPVS(t), false)
 }
 
+// TestVMVirtualServerDigesterContract: the digest of one service dump against
+// the listing.
+func TestVMVirtualServerDigesterContract(t *testing.T) {
+	contract.RunVirtualServerDigester(t, newIPVS(t))
+}
+
 func TestVMIPVSSchedulers(t *testing.T) {
 	v := newIPVS(t)
 	s, err := v.Schedulers()

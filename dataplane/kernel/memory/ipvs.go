@@ -42,8 +42,9 @@ func (s *ipvsState) init() {
 type IPVS Kernel
 
 var (
-	_ kernel.IPVS              = (*IPVS)(nil)
-	_ kernel.DestinationDumper = (*IPVS)(nil)
+	_ kernel.IPVS                  = (*IPVS)(nil)
+	_ kernel.DestinationDumper     = (*IPVS)(nil)
+	_ kernel.VirtualServerDigester = (*IPVS)(nil)
 )
 
 func (m *IPVS) k() *Kernel { return (*Kernel)(m) }
@@ -88,6 +89,18 @@ func (m *IPVS) ListVirtualServers() ([]kernel.VirtualServer, error) {
 	}
 	slices.SortFunc(out, func(a, b kernel.VirtualServer) int { return a.Key.Compare(b.Key) })
 	return out, nil
+}
+
+// DigestVirtualServers implements kernel.VirtualServerDigester.
+func (m *IPVS) DigestVirtualServers() (uint64, error) {
+	k := m.k()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var d uint64
+	for _, e := range k.ipvs.servers {
+		d += e.vs.Digest()
+	}
+	return d, nil
 }
 
 func (m *IPVS) GetVirtualServer(key kernel.VirtualServerKey) (kernel.VirtualServer, error) {

@@ -31,3 +31,7 @@ func TestAddressWatcherContract(t *testing.T) {
 func TestDestinationDumperContract(t *testing.T) {
 	contract.RunDestinationDumper(t, memory.New().Kernel().IPVS, true)
 }
+
+func TestVirtualServerDigesterContract(t *testing.T) {
+	contract.RunVirtualServerDigester(t, memory.New().Kernel().IPVS)
+}
