@@ -87,7 +87,11 @@ func (v *VM) guestState() string {
 		state = fmt.Sprintf("QEMU has exited (%v)", v.waitErr)
 	default:
 	}
-	return fmt.Sprintf("\n%s; guest console ends:\n%s", state, v.ConsoleTail(30))
+	tail := v.ConsoleTail(30)
+	if strings.Contains(tail, "soft lockup") || strings.Contains(tail, "detected stalls") {
+		state += " but its kernel reports stalls (soft lockup, RCU): a wedged TCG guest, not the command's doing"
+	}
+	return fmt.Sprintf("\n%s; guest console ends:\n%s", state, tail)
 }
 
 // guestTimeout is the time left in ctx (DefaultCmdTimeout without a deadline),

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -268,4 +270,33 @@ func request(ctx context.Context, t *testing.T, ns *Netns, proto, addr string, c
 		}
 	}
 	return out
+}
+
+// TestBootReplacesAWedgedGuest makes the first guest's settle check hang, as
+// a guest wedged right after boot does, and expects Boot to replace it with a
+// working one and keep the first console.
+func TestBootReplacesAWedgedGuest(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	v, err := Boot(ctx, Options{Log: zaptest.NewLogger(t), KeepWorkDir: true, hangFirstSettle: true})
+	if err != nil {
+		t.Fatalf("boot: %v", err)
+	}
+	defer func() {
+		v.opts.KeepWorkDir = false
+		v.Stop()
+	}()
+	if v.WedgedBoots != 1 {
+		t.Fatalf("WedgedBoots = %d, want 1", v.WedgedBoots)
+	}
+	if out, err := v.RunOK(ctx, "/usr/sbin/ip netns add probe && /usr/sbin/ip netns del probe && echo ok"); err != nil || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("the replacement guest: %q, %v", out, err)
+	}
+	first, err := os.ReadFile(filepath.Join(v.WorkDir(), "console-wedged-1.log"))
+	if err != nil {
+		t.Fatalf("the wedged guest's console: %v", err)
+	}
+	if !strings.Contains(string(first), readyMarker) {
+		t.Errorf("the wedged guest's console does not show vmexec serving:\n%s", first)
+	}
 }
