@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -82,14 +81,17 @@ func (r *Reconciler) probeDrift() string {
 		digest, err := d.DigestVirtualServers()
 		unchanged = err == nil && digest == digestAgainst
 	}
+	// Listed and read right: the only listing worth comparing.
 	var listed []kernel.VirtualServer
-	listErr := errProbeSkipped
+	compare := false
 	if !unchanged {
-		listed, listErr = r.k.IPVS.ListVirtualServers()
+		var err error
+		listed, err = r.k.IPVS.ListVirtualServers()
+		compare = err == nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if listErr == nil && gen == r.writeGeneration() {
+	if compare && gen == r.writeGeneration() {
 		if drift := r.probeVirtualServers(listed); drift != "" {
 			r.probe.rightKnown = false
 			return drift
@@ -101,10 +103,6 @@ func (r *Reconciler) probeDrift() string {
 	}
 	return r.probeRules()
 }
-
-// errProbeSkipped: the probe did not list the virtual servers, whose digest
-// equals that of a listing it found right.
-var errProbeSkipped = errors.New("virtual servers unchanged since the last right listing")
 
 // writeGeneration changes with every Delta applied and every full pass
 // (the writes the agent makes). Caller holds mu.

@@ -292,11 +292,9 @@ func childByName(comm string) int {
 	return 0
 }
 
-// selfCPU is this process's CPU seconds (the agents, writers and clients).
+// selfCPU is this process's CPU seconds (the agents, writers and clients);
+// 0 if getrusage fails.
 func selfCPU() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	d, _ := measure.SelfCPU()
+	return d.Seconds()
 }

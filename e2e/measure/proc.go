@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // ClockTicks is USER_HZ, the unit of /proc/PID/stat's CPU times: 100 on
@@ -153,4 +155,14 @@ func parseLoadAvg(b []byte) string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// SelfCPU is the user+system CPU time this process has used (getrusage: finer
+// than /proc's clock ticks).
+func SelfCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }

@@ -36,7 +36,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,6 +44,7 @@ import (
 	"github.com/vsplane/vsplane/dataplane/agent"
 	"github.com/vsplane/vsplane/dataplane/kernel"
 	"github.com/vsplane/vsplane/dataplane/reconcile"
+	"github.com/vsplane/vsplane/e2e/measure"
 	"github.com/vsplane/vsplane/e2e/vmbench"
 	vsplanev1 "github.com/vsplane/vsplane/proto/vsplane/v1"
 )
@@ -199,14 +199,14 @@ func timeFullPasses(ctx context.Context, r *reconcile.Reconciler, n int, profile
 	for range n {
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
-		c0, err := processCPU()
+		c0, err := measure.SelfCPU()
 		if err != nil {
 			return err
 		}
 		start := time.Now()
 		r.Reconcile(ctx)
 		wall := time.Since(start)
-		c1, err := processCPU()
+		c1, err := measure.SelfCPU()
 		if err != nil {
 			return err
 		}
@@ -242,7 +242,7 @@ func timeQuiet(ctx context.Context, r *reconcile.Reconciler, d time.Duration, pr
 	}
 	defer stop()
 	before := r.Stats()
-	c0, err := processCPU()
+	c0, err := measure.SelfCPU()
 	if err != nil {
 		return err
 	}
@@ -251,7 +251,7 @@ func timeQuiet(ctx context.Context, r *reconcile.Reconciler, d time.Duration, pr
 	if err := r.Run(qctx); err != nil {
 		return err
 	}
-	c1, err := processCPU()
+	c1, err := measure.SelfCPU()
 	if err != nil {
 		return err
 	}
@@ -279,15 +279,6 @@ func startCPUProfile(path string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
-}
-
-// processCPU is the user+system CPU time this process has used.
-func processCPU() (time.Duration, error) {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, fmt.Errorf("getrusage: %w", err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // oneByOne, oneByOneSets and oneByOneLinks send every write of a batch as
