@@ -50,16 +50,20 @@ func TestHoldingsMatchPerNodeModel(t *testing.T) {
 		{"narrow", 1, 8, 5, 400, 12, false},
 		{"wide", 4, 150, 3, 300, 200, true},
 	} {
-		t.Run(shape.name, func(t *testing.T) {
-			for seed := range shape.seeds {
-				var nodes []string
-				for i := range shape.nodes {
-					nodes = append(nodes, fmt.Sprintf("n%03d", i))
+		for _, groups := range []int{0, 1, 8} {
+			t.Run(fmt.Sprintf("%s/groups=%d", shape.name, groups), func(t *testing.T) {
+				defer func(was int) { maxGroups = was }(maxGroups)
+				maxGroups = groups
+				for seed := range shape.seeds {
+					var nodes []string
+					for i := range shape.nodes {
+						nodes = append(nodes, fmt.Sprintf("n%03d", i))
+					}
+					svcs := []string{"a", "b", "c", "d", "e"}[:shape.svcs]
+					holdingsModelRun(t, rand.New(rand.NewPCG(seed+1, 2)), nodes, svcs, shape.rounds, shape.maxOps, shape.fillAndTriggers)
 				}
-				svcs := []string{"a", "b", "c", "d", "e"}[:shape.svcs]
-				holdingsModelRun(t, rand.New(rand.NewPCG(seed+1, 2)), nodes, svcs, shape.rounds, shape.maxOps, shape.fillAndTriggers)
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -243,6 +247,31 @@ func checkHoldings(t *testing.T, round int, s *Store) {
 		if follow != ns.nFollow {
 			t.Fatalf("round %d: %s: %d followers in the bitset, nFollow %d", round, name, follow, ns.nFollow)
 		}
+		if len(ns.groups) > maxGroups {
+			t.Fatalf("round %d: %s has %d groups, more than %d", round, name, len(ns.groups), maxGroups)
+		}
+		for i, g := range ns.groups {
+			members := 0
+			g.members.each(func(id int) {
+				if id >= len(s.states) || s.states[id] == nil {
+					t.Fatalf("round %d: %s: group %d has free state id %d", round, name, i, id)
+				}
+				if ns.followers.has(id) || ns.memberOf(id) != i {
+					t.Fatalf("round %d: %s: state %d is in group %d and follows or is in another group", round, name, id, i)
+				}
+				if _, ok := ns.exc[id]; ok {
+					t.Fatalf("round %d: %s: state %d is in group %d and in the exception map", round, name, id, i)
+				}
+				members++
+				held[id]++
+			})
+			if members != g.n || g.n < 2 {
+				t.Fatalf("round %d: %s: group %d has %d members, counts %d (a group has two or more)", round, name, i, members, g.n)
+			}
+			if g.sl == (slot{e: ns.common, trigger: ns.trig}) || ns.groupOf(g.sl) != i || ns.excCount[g.sl] != 0 {
+				t.Fatalf("round %d: %s: group %d's value is the common one, another group's or in the exception map", round, name, i)
+			}
+		}
 		counts := map[slot]int{}
 		for id, sl := range ns.exc {
 			if id >= len(s.states) || s.states[id] == nil {
@@ -261,7 +290,7 @@ func checkHoldings(t *testing.T, round int, s *Store) {
 		if !maps.Equal(counts, ns.excCount) && !(len(counts) == 0 && ns.excCount == nil) {
 			t.Fatalf("round %d: %s: exception counts %v, kept %v", round, name, counts, ns.excCount)
 		}
-		if ns.nFollow+len(ns.exc) == 0 {
+		if ns.holders() == 0 {
 			t.Fatalf("round %d: %s is held by nobody but kept", round, name)
 		}
 	}

@@ -521,8 +521,9 @@ type Stats struct {
 	// Distinct is the number of distinct shared resource values.
 	Distinct int
 	// Exceptions is the number of (node, resource) pairs stored per node
-	// because the node holds another value than most (holdings.go); the
-	// other Slots cost a bit each.
+	// because the node holds a value no other node's exception shares
+	// (holdings.go); the other Slots, of the common value or of a group,
+	// cost a bit each.
 	Exceptions int
 }
 
