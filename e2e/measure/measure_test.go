@@ -33,9 +33,9 @@ func TestParseStat(t *testing.T) {
 }
 
 func TestParseStatus(t *testing.T) {
-	status := "Name:\tetcd\nState:\tS (sleeping)\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nThreads:\t17\n"
+	status := "Name:\tetcd\nState:\tS (sleeping)\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nRssAnon:\t   90000 kB\nRssFile:\t   12000 kB\nRssShmem:\t     400 kB\nThreads:\t17\n"
 	got := ParseStatus([]byte(status))
-	if diff := cmp.Diff(Status{VmRSSKB: 102400, VmHWMKB: 204800, Threads: 17}, got); diff != "" {
+	if diff := cmp.Diff(Status{VmRSSKB: 102400, VmHWMKB: 204800, RssAnonKB: 90000, RssFileKB: 12000, RssShmemKB: 400, Threads: 17}, got); diff != "" {
 		t.Errorf("ParseStatus (-want +got):\n%s", diff)
 	}
 	if got.RSSBytes() != 100<<20 || got.HWMBytes() != 200<<20 {

@@ -67,11 +67,17 @@ func ReadStat(pid int) (Stat, error) {
 
 // Status is what the e2e code reads of /proc/PID/status: resident memory
 // now (VmRSS) and at its peak (VmHWM), in KiB as the kernel writes them
-// ("kB"), and the thread count.
+// ("kB"), now's split into anonymous (heap, stacks), file-backed (the
+// executable's and libraries' pages it touched) and shared-memory pages
+// (the same, for an executable on tmpfs or an initramfs, as in the VM test
+// bed), and the thread count.
 type Status struct {
-	VmRSSKB int64
-	VmHWMKB int64
-	Threads int
+	VmRSSKB    int64
+	VmHWMKB    int64
+	RssAnonKB  int64
+	RssFileKB  int64
+	RssShmemKB int64
+	Threads    int
 }
 
 // RSSBytes is VmRSS in bytes.
@@ -95,6 +101,12 @@ func ParseStatus(b []byte) Status {
 			st.VmRSSKB = n
 		case "VmHWM":
 			st.VmHWMKB = n
+		case "RssAnon":
+			st.RssAnonKB = n
+		case "RssFile":
+			st.RssFileKB = n
+		case "RssShmem":
+			st.RssShmemKB = n
 		case "Threads":
 			st.Threads = int(n)
 		}

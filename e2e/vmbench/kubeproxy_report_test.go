@@ -157,8 +157,14 @@ type Side struct {
 	KernelOpsPerChange map[string]float64 `json:"kernel_operations_per_change,omitempty"`
 	// Over the whole run (from the process's start): VmHWM, VmRSS at the
 	// end, CPU (utime+stime) and its children's (iptables, ipset...).
-	PeakRSSMB         float64 `json:"peak_rss_mb"`
-	RSSMB             float64 `json:"rss_mb_at_end"`
+	PeakRSSMB float64 `json:"peak_rss_mb"`
+	RSSMB     float64 `json:"rss_mb_at_end"`
+	// VmRSS at the end split (runs from 2026-12-07): anonymous pages (heap,
+	// stacks) and the executable's pages it touched (file-backed, or
+	// shared memory for an executable in the VM's initramfs).
+	RSSAnonMB         float64 `json:"rss_anon_mb_at_end,omitempty"`
+	RSSFileMB         float64 `json:"rss_file_mb_at_end,omitempty"`
+	RSSShmemMB        float64 `json:"rss_shmem_mb_at_end,omitempty"`
 	CPUSeconds        float64 `json:"cpu_seconds"`
 	ChildCPUSeconds   float64 `json:"children_cpu_seconds"`
 	ColdCPUSeconds    float64 `json:"cpu_seconds_until_after_cold_start"`
@@ -635,6 +641,15 @@ func kubeProxyMarkdown(rep KubeProxyReport) string {
 		if v.QuietAloneCPUSeconds > 0 {
 			row(fmt.Sprintf("… the same %.0f s again, the agent alone in IPVS (kube-proxy stopped, its table flushed: Linux 6.1's one-read dump of /proc/net/ip_vs skips some of the agent's servers while another namespace holds IPVS servers, and the agent reads those one by one; kube-proxy's column is its quiet CPU above)", r.QuietSeconds),
 				"%.2f", k.QuietCPUSeconds, v.QuietAloneCPUSeconds, "cpu_quiet_agent_alone")
+		}
+		if v.RSSAnonMB > 0 { // runs from 2026-12-07
+			fmt.Fprintf(&b, "\nResident memory at the end of the run (VmRSS = anonymous: heap, stacks + the executable's pages it touched: "+
+				"file-backed, or shared memory since the VM's root is an initramfs), MB: kube-proxy IPVS %.1f = %.1f + %.1f, ",
+				k.RSSMB, k.RSSAnonMB, k.RSSFileMB+k.RSSShmemMB)
+			if n := r.KubeProxyNFT; n != nil {
+				fmt.Fprintf(&b, "nftables %.1f = %.1f + %.1f, ", n.RSSMB, n.RSSAnonMB, n.RSSFileMB+n.RSSShmemMB)
+			}
+			fmt.Fprintf(&b, "the agent %.1f = %.1f + %.1f (its peak VmHWM %.1f).\n", v.RSSMB, v.RSSAnonMB, v.RSSFileMB+v.RSSShmemMB, v.PeakRSSMB)
 		}
 		if v.ColdConnectedSeconds > 0 { // runs before 2026-12-01 polled instead
 			fmt.Fprintf(&b, "\nThe agent's cold start: stream to the control plane open after %.2f s, first Delta sent after %.2f s, last Ack received after %.2f s (host clock, from the test's call to start it: its credentials written and the process started in the VM come first).\n",

@@ -323,6 +323,7 @@ drain:
 	for node, s := range r.sides() {
 		p := end[node]
 		s.PID, s.PeakRSSMB, s.RSSMB = p.PID, float64(p.VmHWMKB)/1024, float64(p.VmRSSKB)/1024
+		s.RSSAnonMB, s.RSSFileMB, s.RSSShmemMB = float64(p.RssAnonKB)/1024, float64(p.RssFileKB)/1024, float64(p.RssShmemKB)/1024
 		s.CPUSeconds, s.ChildCPUSeconds = p.CPUSeconds(), p.ChildCPUSeconds()
 		s.ChangesCPUSeconds = (p.CPUSeconds() + p.ChildCPUSeconds()) - (coldProcs[node].CPUSeconds() + coldProcs[node].ChildCPUSeconds())
 	}

@@ -114,6 +114,9 @@ type ProcStat struct {
 	Cmdline    string `json:"cmdline"`
 	VmHWMKB    int64  `json:"vm_hwm_kb"`
 	VmRSSKB    int64  `json:"vm_rss_kb"`
+	RssAnonKB  int64  `json:"rss_anon_kb"`
+	RssFileKB  int64  `json:"rss_file_kb"`
+	RssShmemKB int64  `json:"rss_shmem_kb"`
 	Threads    int    `json:"threads"`
 	UTime      uint64 `json:"utime"`
 	STime      uint64 `json:"stime"`

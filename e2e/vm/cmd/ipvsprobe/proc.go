@@ -80,6 +80,7 @@ func procStat(dir string) (wire.ProcStat, error) {
 		return ps, err
 	}
 	ps.VmHWMKB, ps.VmRSSKB, ps.Threads = mem.VmHWMKB, mem.VmRSSKB, mem.Threads
+	ps.RssAnonKB, ps.RssFileKB, ps.RssShmemKB = mem.RssAnonKB, mem.RssFileKB, mem.RssShmemKB
 	st, err := measure.ReadStat(ps.PID)
 	if err != nil {
 		return ps, err
