@@ -273,7 +273,7 @@ func (v *VM) startQEMU(kernel, initrd string, hostPort int, fwd string) error {
 		kargs = append(kargs, "vsplane.tmpfsroot=1")
 	}
 	args := []string{
-		"-accel", "tcg", // KVM hangs a standard kernel on this host
+		"-accel", tcgAccel(), // KVM hangs a standard kernel on this host
 		"-m", strconv.Itoa(v.opts.MemoryMB), "-smp", strconv.Itoa(v.opts.CPUs),
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-serial", "file:" + v.console,
@@ -410,6 +410,22 @@ func (v *VM) restartAfterWedge() error {
 		return fmt.Errorf("qemu (pid %d) did not exit after SIGKILL", v.cmd.Process.Pid)
 	}
 	return os.Rename(v.console, filepath.Join(v.workDir, fmt.Sprintf("console-wedged-%d.log", v.WedgedBoots)))
+}
+
+// TCGThreadEnv, set to "single", runs every vCPU of the VMs this process
+// boots on one host thread (QEMU's -accel tcg,thread=single) instead of one
+// thread each. make test sets it for the VM tests that run side by side:
+// there, guests wedged a few seconds after boot (see settle), once after
+// the settle check had passed.
+const TCGThreadEnv = "VSPLANE_VM_TCG_THREAD"
+
+// tcgAccel is QEMU's -accel value: TCG, multi-threaded unless TCGThreadEnv
+// says single.
+func tcgAccel() string {
+	if os.Getenv(TCGThreadEnv) == "single" {
+		return "tcg,thread=single"
+	}
+	return "tcg"
 }
 
 // readyMarker is what vmexec logs on the console once it listens.
