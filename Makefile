@@ -99,10 +99,7 @@ vm-deps:
 ## test: everything CI runs — lint, unit, real-apiserver integration, VM tests, the race
 ## detector over the concurrent packages, then fuzzing
 test: tools kube nodes vm-deps lint
-	# The packages side by side, their VMs' vCPUs on one host thread each
-	# (e2e/vm's TCGThreadEnv): beside each other on 2 cores, multi-threaded
-	# TCG guests wedged a few seconds after boot (CI runs of 2026-12-07).
-	VSPLANE_VM_TCG_THREAD=single $(GO) test -count=1 -timeout 45m $$($(GO) list ./... | grep -v -e '/e2e/realnodes$$' -e '/e2e/soak$$' -e '/e2e/skew$$')
+	$(GO) test -count=1 -timeout 45m $$($(GO) list ./... | grep -v -e '/e2e/realnodes$$' -e '/e2e/soak$$' -e '/e2e/skew$$')
 	# Alone: the version-skew test boots its VM right away; beside the VM tests'
 	# VM on 2 cores its guest stalled 48 s and the first command failed (CI run
 	# of 2026-12-07).

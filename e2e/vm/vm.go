@@ -355,8 +355,11 @@ const maxWedgedBoots = 2
 var errGuestWedged = errors.New("guest kernel wedged right after boot")
 
 // settleTimeout bounds the settle check; a healthy guest on a loaded host
-// answers it in a few seconds.
-const settleTimeout = 30 * time.Second
+// answers it in a few seconds after settleUptime.
+const settleTimeout = 45 * time.Second
+
+// settleUptime is the guest uptime the settle check waits for.
+const settleUptime = 15 * time.Second
 
 // settle checks, once vmexec answers, that the guest schedules on every CPU
 // and completes the cross-CPU work of creating a network namespace (RCU grace
@@ -366,13 +369,18 @@ const settleTimeout = 30 * time.Second
 // spinning in vmexec on a cross-CPU call to it, RCU stalls and soft lockups on
 // the console; the test's first netns command never answered. Such a guest
 // cannot be mended from inside, so Boot starts a new one (errGuestWedged).
+//
+// The check waits until settleUptime of the guest's uptime first: a guest
+// wedged at ~8 s after passing the check at ~6 s (a burner run of
+// 2026-12-07); the wedges seen began within 10 s of boot.
 func (v *VM) settle(ctx context.Context) error {
 	cmd := fmt.Sprintf(`set -e
+while [ "$(cut -d. -f1 /proc/uptime)" -lt %d ]; do sleep 0.5; done
 n=%d
 c=0
 while [ $c -lt $n ]; do taskset -c $c true; c=$((c+1)); done
 /usr/sbin/ip netns add vsplane-settle
-/usr/sbin/ip netns del vsplane-settle`, v.opts.CPUs)
+/usr/sbin/ip netns del vsplane-settle`, int(settleUptime.Seconds()), v.opts.CPUs)
 	timeout := settleTimeout
 	if v.opts.hangFirstSettle && v.WedgedBoots == 0 {
 		cmd, timeout = "sleep 600", 3*time.Second // the unit test of a wedged guest
@@ -414,9 +422,9 @@ func (v *VM) restartAfterWedge() error {
 
 // TCGThreadEnv, set to "single", runs every vCPU of the VMs this process
 // boots on one host thread (QEMU's -accel tcg,thread=single) instead of one
-// thread each. make test sets it for the VM tests that run side by side:
-// there, guests wedged a few seconds after boot (see settle), once after
-// the settle check had passed.
+// thread each: a way to try whether a guest's wedge (see settle) is
+// multi-threaded TCG's. Not the default: beside two CPU burners the VM
+// tests' five-node flows test missed its 45 s settle windows with it.
 const TCGThreadEnv = "VSPLANE_VM_TCG_THREAD"
 
 // tcgAccel is QEMU's -accel value: TCG, multi-threaded unless TCGThreadEnv
