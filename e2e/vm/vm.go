@@ -411,11 +411,8 @@ while [ $c -lt $n ]; do taskset -c $c true; c=$((c+1)); done
 // restartAfterWedge kills QEMU and keeps the wedged guest's console beside
 // the next one's (console-wedged-N.log) for whoever reads the work directory.
 func (v *VM) restartAfterWedge() error {
-	_ = v.cmd.Process.Kill()
-	select {
-	case <-v.exited:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("qemu (pid %d) did not exit after SIGKILL", v.cmd.Process.Pid)
+	if err := v.killQEMU(); err != nil {
+		return err
 	}
 	return os.Rename(v.console, filepath.Join(v.workDir, fmt.Sprintf("console-wedged-%d.log", v.WedgedBoots)))
 }
@@ -483,17 +480,25 @@ func (v *VM) ConsoleTail(n int) string {
 func (v *VM) Stop() {
 	v.stopOnce.Do(func() {
 		if v.cmd != nil && v.cmd.Process != nil {
-			_ = v.cmd.Process.Kill()
-			select {
-			case <-v.exited:
-			case <-time.After(10 * time.Second):
-				v.log.Error("qemu did not exit after SIGKILL", zap.Int("pid", v.cmd.Process.Pid))
+			if err := v.killQEMU(); err != nil {
+				v.log.Error("stopping the VM", zap.Error(err))
 			}
 		}
 		if !v.opts.KeepWorkDir {
 			_ = os.RemoveAll(v.workDir)
 		}
 	})
+}
+
+// killQEMU SIGKILLs QEMU and waits (10 s at most) until it has exited.
+func (v *VM) killQEMU() error {
+	_ = v.cmd.Process.Kill()
+	select {
+	case <-v.exited:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("qemu (pid %d) did not exit after SIGKILL", v.cmd.Process.Pid)
+	}
 }
 
 // ExecAddr is the host address of the guest's vmexec (for tools that drive
