@@ -272,34 +272,15 @@ func agentSaveFailures(ctx context.Context, c *cluster.Cluster, node string) (in
 // iptables with no difference, no failed resource, no read error), and
 // returns how long it took.
 func (r *run) awaitConverged(f Fault, extra func(context.Context) error) (time.Duration, error) {
-	start := time.Now()
-	seen := map[string]int{} // each distinct answer while not converged
-	var order []string
-	err := cluster.Await(r.ctx, convergeBound, convergePoll, func(ctx context.Context) error {
+	return AwaitConverged(r.ctx, f, convergeBound, convergePoll, func(ctx context.Context) error {
 		err := r.converged(ctx)
 		if err == nil && extra != nil {
 			cctx, cancel := context.WithTimeout(ctx, callTimeout)
 			err = extra(cctx)
 			cancel()
 		}
-		if err != nil {
-			if seen[err.Error()] == 0 {
-				order = append(order, err.Error())
-			}
-			seen[err.Error()]++
-		}
 		return err
 	})
-	if err != nil {
-		// The last answer alone can mislead under churn: the first three
-		// distinct ones too, with how often each came.
-		var b strings.Builder
-		for _, e := range order[:min(3, len(order))] {
-			fmt.Fprintf(&b, "\n  [%dx] %s", seen[e], e)
-		}
-		return 0, fmt.Errorf("%v: %w; %d distinct answers, the first:%s", f, err, len(order), b.String())
-	}
-	return time.Since(start), nil
 }
 
 // convergePoll paces the convergence checks, callTimeout bounds each call

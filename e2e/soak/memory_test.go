@@ -1,13 +1,10 @@
 package soak
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,7 +67,7 @@ func (m *memory) sample(ctx context.Context) {
 }
 
 func (m *memory) add(name string, at time.Duration, metrics string) {
-	s, ok := parseProcessMetrics(metrics)
+	s, ok := ParseProcessMetrics(metrics)
 	if !ok {
 		return
 	}
@@ -78,34 +75,6 @@ func (m *memory) add(name string, at time.Duration, metrics string) {
 	m.mu.Lock()
 	m.samples[name] = append(m.samples[name], s)
 	m.mu.Unlock()
-}
-
-// parseProcessMetrics reads RSS, goroutines and start time from a
-// Prometheus text exposition.
-func parseProcessMetrics(text string) (MemorySample, bool) {
-	var s MemorySample
-	found := 0
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) != 2 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			continue
-		}
-		switch f[0] {
-		case "process_resident_memory_bytes":
-			s.RSS, found = int64(v), found+1
-		case "go_goroutines":
-			s.Goroutines, found = int(v), found+1
-		case "process_start_time_seconds":
-			s.Start, found = v, found+1
-		}
-	}
-	return s, found == 3
 }
 
 func (m *memory) series() []MemorySeries {
@@ -125,27 +94,8 @@ func (m *memory) series() []MemorySeries {
 	return out
 }
 
-// Loose bounds on the second half's slopes, asserted only over a span of
-// minSpan or more: the processes restart under the soak's faults, the
-// churn keeps a varying number of Services, and the Go heap grows in steps
-// (GC), so a short or noisy span says little; what these catch is a steady
-// leak, e.g. a goroutine per reconnect or per fault.
-const (
-	minSpan           = 4 * time.Minute
-	maxRSSSlope       = 2 << 20 // bytes per minute
-	maxGoroutineSlope = 2.0     // per minute
-)
-
 func (m *memory) check(t *testing.T, series []MemorySeries) {
-	for _, s := range series {
-		if s.Span < minSpan {
-			t.Logf("%s: slopes over %v (< %v, not asserted): RSS %+.2f MiB/min, goroutines %+.2f/min",
-				s.Name, s.Span.Round(time.Second), minSpan, s.RSSSlope/(1<<20), s.GoroutineSlope)
-			continue
-		}
-		if s.RSSSlope > maxRSSSlope || s.GoroutineSlope > maxGoroutineSlope {
-			m.r.violate("memory growth", "%s over the last %v of its run: RSS %+.2f MiB/min (bound %d), goroutines %+.2f/min (bound %v)",
-				s.Name, s.Span.Round(time.Second), s.RSSSlope/(1<<20), maxRSSSlope>>20, s.GoroutineSlope, maxGoroutineSlope)
-		}
+	for _, msg := range CheckSlopes(series, t.Logf) {
+		m.r.violate("memory growth", "%s", msg)
 	}
 }

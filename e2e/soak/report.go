@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vsplane/vsplane/e2e/measure"
 )
 
 // Report is a soak's result: bench/results/soak-DATE.{json,md} (make soak)
@@ -16,9 +19,12 @@ type Report struct {
 	Seed     uint64        `json:"seed"`
 	Duration time.Duration `json:"duration_ns"`
 	Elapsed  time.Duration `json:"elapsed_ns"`
-	Nodes    int           `json:"nodes"`
-	Replicas int           `json:"replicas"`
-	Load     string        `json:"host_loadavg"`
+	// Bed is where it ran: "" the VM test bed (make soak), RealBed the
+	// real-node cluster (make soak REAL_NODES=1).
+	Bed      string `json:"bed,omitempty"`
+	Nodes    int    `json:"nodes"`
+	Replicas int    `json:"replicas"`
+	Load     string `json:"host_loadavg"`
 	// Faults as run, with their convergence times.
 	Faults []FaultResult `json:"faults"`
 	// Traffic per stable Service loop.
@@ -104,6 +110,32 @@ func (v Violation) String() string {
 	return fmt.Sprintf("VIOLATION at +%v (seed %d): %s: %s", v.At.Round(time.Millisecond), v.Seed, v.What, v.Context)
 }
 
+// Write writes the report as dir/name.{json,md,png} (dir relative to the
+// repository's root unless absolute) and returns dir/name.
+func (r *Report) Write(dir, name string) (string, error) {
+	if !filepath.IsAbs(dir) {
+		root, err := measure.RepoRoot(".")
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(root, dir)
+	}
+	r.Plot = name + ".png"
+	if err := measure.WriteReport(dir, name, r, r.Markdown()); err != nil {
+		return "", err
+	}
+	if err := r.WritePlot(filepath.Join(dir, r.Plot)); err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, name), nil
+}
+
+// allKinds are both beds' kinds, in the order reports list them.
+func allKinds() []Kind { return append(slices.Clone(Kinds), AgentPodDelete, ReplicaPodDelete) }
+
+// RealBed is Report.Bed of a soak on the real-node cluster.
+const RealBed = "real-nodes"
+
 // Percentile is the nearest-rank p-th percentile (0 < p <= 100) of ds.
 func Percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
@@ -162,7 +194,7 @@ func (m *MemorySeries) Summarize() {
 // Aggregate fills ByKind from Faults.
 func (r *Report) Aggregate() {
 	r.ByKind = map[Kind]KindStats{}
-	for _, k := range Kinds {
+	for _, k := range allKinds() {
 		var ds []time.Duration
 		st := KindStats{}
 		for _, f := range r.Faults {
@@ -188,9 +220,13 @@ func (r *Report) Aggregate() {
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	ms := func(d time.Duration) string { return d.Round(10 * time.Millisecond).String() }
-	fmt.Fprintf(&b, "# Chaos soak %s\n\n", r.Date)
-	fmt.Fprintf(&b, "Seed **%d** (replay: `make soak SEED=%d DURATION=%v`), %v of faults (%v in all), %d nodes, %d control-plane replicas; host load %s.\n\n",
-		r.Seed, r.Seed, r.Duration, r.Duration, r.Elapsed.Round(time.Second), r.Nodes, r.Replicas, r.Load)
+	bed, replay := "", "make soak"
+	if r.Bed == RealBed {
+		bed, replay = ", real nodes", "make soak REAL_NODES=1"
+	}
+	fmt.Fprintf(&b, "# Chaos soak %s%s\n\n", r.Date, bed)
+	fmt.Fprintf(&b, "Seed **%d** (replay: `%s SEED=%d DURATION=%v`), %v of faults (%v in all), %d nodes, %d control-plane replicas; host load %s.\n\n",
+		r.Seed, replay, r.Seed, r.Duration, r.Duration, r.Elapsed.Round(time.Second), r.Nodes, r.Replicas, r.Load)
 	fmt.Fprintf(&b, "Violations: **%d**\n\n", len(r.Violations))
 	for i, v := range r.Violations {
 		if i == 20 {
@@ -201,7 +237,7 @@ func (r *Report) Markdown() string {
 	}
 	b.WriteString("\n## Faults by kind\n\nConvergence: from the fault's end (process back, outage over, drift written) to every node's kernel equal to its desired state (the agent's GetKernelState over IPVS, kube-ipvs0, ipsets and iptables: no difference, no failed resource) and every agent connected with nothing unacknowledged.\n\n")
 	b.WriteString("| kind | count | p50 | p99 | max | not converged |\n|---|---:|---:|---:|---:|---:|\n")
-	for _, k := range Kinds {
+	for _, k := range allKinds() {
 		if st, ok := r.ByKind[k]; ok {
 			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d |\n", k, st.Count, ms(st.P50), ms(st.P99), ms(st.Max), st.Failed)
 		}
@@ -216,6 +252,9 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "| (failed writes) | %d |\n", r.ChurnErrors)
 	b.WriteString("\n## Memory and goroutines\n\nSlopes over the second half of each process's last run (a restarted process starts a new run).\n\n")
+	if len(r.Memory) == 0 {
+		b.WriteString("Not sampled in this run.\n")
+	}
 	if r.Plot != "" {
 		fmt.Fprintf(&b, "![RSS and goroutines of every process over the run](%s)\n\n", r.Plot)
 	}

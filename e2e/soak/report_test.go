@@ -70,6 +70,25 @@ func TestReportAggregateAndMarkdown(t *testing.T) {
 	}
 }
 
+// TestRealBedReport: the real bed's own kinds are aggregated and listed,
+// and the replay line names the real bed.
+func TestRealBedReport(t *testing.T) {
+	r := &Report{Bed: RealBed, Date: "2026-12-07", Seed: 6310, Duration: 150 * time.Second, Faults: []FaultResult{
+		{Fault: Fault{Seq: 1, Kind: ReplicaPodDelete}, Converged: 4 * time.Second},
+		{Fault: Fault{Seq: 2, Kind: AgentPodDelete}, Converged: 2 * time.Second},
+	}}
+	r.Aggregate()
+	if r.ByKind[ReplicaPodDelete].Count != 1 || r.ByKind[AgentPodDelete].Count != 1 {
+		t.Fatalf("by kind %+v", r.ByKind)
+	}
+	md := r.Markdown()
+	for _, want := range []string{"real nodes", "make soak REAL_NODES=1 SEED=6310 DURATION=2m30s", "| replica-pod-delete | 1 | 4s |", "| agent-pod-delete | 1 | 2s |", "Not sampled"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
 // TestPlot: a restart breaks a process's line (runs), and the plot is a
 // PNG the Markdown links to.
 func TestPlot(t *testing.T) {

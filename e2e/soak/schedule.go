@@ -51,10 +51,27 @@ const (
 	DriftAddressDelete Kind = "drift-address-delete"
 	// DriftChainFlush: iptables -t nat -F KUBE-SERVICES in a node.
 	DriftChainFlush Kind = "drift-chain-flush"
+
+	// Kinds of the real-node bed only (RealKinds), where the kubelet, the
+	// DaemonSet and the Deployment start the processes again.
+
+	// AgentPodDelete: a node's agent Pod deleted (its grace period, SIGTERM
+	// first); the DaemonSet starts another on the node.
+	AgentPodDelete Kind = "agent-pod-delete"
+	// ReplicaPodDelete: a control-plane Pod deleted; the Deployment starts
+	// another.
+	ReplicaPodDelete Kind = "replica-pod-delete"
 )
 
 // Kinds are every fault kind, in the order reports list them.
 var Kinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, AgentStateDiskFull, AgentCutOff, ReplicaKill, ReplicaStop, RollingRestart,
+	APIServerStop, DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete, DriftChainFlush}
+
+// RealKinds are the kinds the real-node bed (e2e/realnodes) draws from:
+// there the kubelet restarts a killed process in its container (AgentKill,
+// ReplicaKill), and the state-file faults of the VM bed are left out (the
+// agent's state directory is a hostPath the soak does not reach yet).
+var RealKinds = []Kind{AgentKill, AgentStop, AgentPodDelete, AgentCutOff, ReplicaKill, ReplicaStop, ReplicaPodDelete, RollingRestart,
 	APIServerStop, DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete, DriftChainFlush}
 
 // Drift reports whether k breaks a node's kernel state on purpose:
@@ -63,14 +80,18 @@ func (k Kind) Drift() bool { return strings.HasPrefix(string(k), "drift-") }
 
 // OnNode reports whether k's target is a node (else a replica, or none).
 func (k Kind) OnNode() bool {
-	return k.Drift() || k == AgentKill || k == AgentStop || k == AgentStateCorrupt || k == AgentStateDiskFull || k == AgentCutOff
+	return k.Drift() || k == AgentKill || k == AgentStop || k == AgentStateCorrupt || k == AgentStateDiskFull || k == AgentCutOff ||
+		k == AgentPodDelete
 }
+
+// OnReplica reports whether k's target is one control-plane replica.
+func (k Kind) OnReplica() bool { return k == ReplicaKill || k == ReplicaStop || k == ReplicaPodDelete }
 
 // weights: how often each kind is drawn (process faults more often than
 // the apiserver, the slowest to recover).
 var weights = map[Kind]int{
 	AgentKill: 3, AgentStop: 2, AgentStateCorrupt: 2, AgentStateDiskFull: 2, AgentCutOff: 2, ReplicaKill: 3, ReplicaStop: 2,
-	RollingRestart: 1, APIServerStop: 1,
+	RollingRestart: 1, APIServerStop: 1, AgentPodDelete: 2, ReplicaPodDelete: 2,
 	DriftIPVSFlush: 2, DriftIPSetFlush: 2, DriftAddressDelete: 2, DriftChainFlush: 2,
 }
 
@@ -89,7 +110,7 @@ func (f Fault) String() string {
 	switch {
 	case f.Kind.OnNode():
 		s += fmt.Sprintf(" node%d", f.Target+1)
-	case f.Kind == ReplicaKill || f.Kind == ReplicaStop:
+	case f.Kind.OnReplica():
 		s += fmt.Sprintf(" replica %d", f.Target)
 	}
 	if f.Hold > 0 {
@@ -105,6 +126,8 @@ type Shape struct {
 	Warmup, Tail time.Duration
 	// MinGap, MaxGap bound the time between two faults' starts.
 	MinGap, MaxGap time.Duration
+	// Kinds are the kinds drawn from (nil: Kinds, the VM bed's).
+	Kinds []Kind
 }
 
 // DefaultShape is the soak's: two nodes, three replicas, a fault every
@@ -118,8 +141,12 @@ var DefaultShape = Shape{Nodes: 2, Replicas: 3, Warmup: 15 * time.Second, Tail: 
 // within [Warmup, d-Tail].
 func Schedule(seed uint64, d time.Duration, s Shape) []Fault {
 	rng := rand.New(rand.NewPCG(seed, 0x736f616b)) // "soak"
+	kinds := s.Kinds
+	if kinds == nil {
+		kinds = Kinds
+	}
 	total := 0
-	for _, k := range Kinds {
+	for _, k := range kinds {
 		total += weights[k]
 	}
 	var out []Fault
@@ -128,7 +155,7 @@ func Schedule(seed uint64, d time.Duration, s Shape) []Fault {
 	for at := s.Warmup; at <= d-s.Tail; at += s.MinGap + time.Duration(rng.Int64N(gapSteps+1))*step {
 		n := rng.IntN(total)
 		var k Kind
-		for _, c := range Kinds {
+		for _, c := range kinds {
 			if n < weights[c] {
 				k = c
 				break
@@ -139,7 +166,7 @@ func Schedule(seed uint64, d time.Duration, s Shape) []Fault {
 		switch {
 		case k.OnNode():
 			f.Target = rng.IntN(s.Nodes)
-		case k == ReplicaKill || k == ReplicaStop:
+		case k.OnReplica():
 			f.Target = rng.IntN(s.Replicas)
 		}
 		switch k {

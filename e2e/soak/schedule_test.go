@@ -59,3 +59,37 @@ func TestScheduleBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleOfOtherKinds: a shape's own kinds are all drawn, and only
+// they; the VM bed's schedules do not change with the real bed's kinds
+// (CI's seed keeps its faults).
+func TestScheduleOfOtherKinds(t *testing.T) {
+	s := DefaultShape
+	s.Kinds = RealKinds
+	allowed := map[Kind]bool{}
+	for _, k := range RealKinds {
+		allowed[k] = true
+		if weights[k] == 0 {
+			t.Errorf("%s has no weight", k)
+		}
+	}
+	seen := map[Kind]int{}
+	for seed := range uint64(20) {
+		for _, f := range Schedule(seed, 30*time.Minute, s) {
+			if !allowed[f.Kind] {
+				t.Fatalf("seed %d: %v is not of the shape's kinds", seed, f)
+			}
+			seen[f.Kind]++
+		}
+	}
+	for _, k := range RealKinds {
+		if seen[k] == 0 {
+			t.Errorf("no %s in 20 schedules", k)
+		}
+	}
+	explicit := DefaultShape
+	explicit.Kinds = Kinds
+	if !cmp.Equal(Schedule(ciSeed, 30*time.Minute, DefaultShape), Schedule(ciSeed, 30*time.Minute, explicit)) {
+		t.Error("nil Kinds and Kinds draw different schedules")
+	}
+}

@@ -3,9 +3,6 @@ package soak
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -141,30 +138,10 @@ func (r *run) isPaused(node string) bool {
 }
 
 func soakParams(t *testing.T) (time.Duration, uint64, string) {
-	d := ciDuration
-	if s := os.Getenv(envDuration); s != "" {
-		var err error
-		if d, err = time.ParseDuration(s); err != nil || d < time.Minute {
-			t.Fatalf("%s=%q: want a Go duration of a minute or more", envDuration, s)
-		}
-	}
-	seed := uint64(ciSeed)
-	switch s := os.Getenv(envSeed); s {
-	case "":
-		if os.Getenv(envDuration) != "" { // make soak without SEED: a fresh one
-			seed = uint64(time.Now().UnixNano() % 1_000_000_000)
-		}
-	case "random":
-		seed = uint64(time.Now().UnixNano() % 1_000_000_000)
-	default:
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("%s=%q: want an unsigned integer", envSeed, s)
-		}
-	}
-	dir := ciReport
-	if s := os.Getenv(envReport); s != "" {
-		dir = s
+	d, seed, dir, err := Params(Knobs{Duration: envDuration, Seed: envSeed, Report: envReport},
+		Defaults{Duration: ciDuration, Seed: ciSeed, Report: ciReport})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return d, seed, dir
 }
@@ -235,25 +212,7 @@ func TestSoak(t *testing.T) {
 		go func() { defer wg.Done(); f(bg) }()
 	}
 
-	for _, f := range plan {
-		if wait := f.At - r.since(); wait > 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait): // the schedule's own wait
-			}
-		}
-		if ctx.Err() != nil {
-			r.violate("deadline", "the soak's time ran out before fault %v", f)
-			break
-		}
-		res := r.inject(f)
-		rep.Faults = append(rep.Faults, res)
-		if res.Err != "" {
-			r.violate("not converged", "%v: %s", f, res.Err)
-		} else {
-			t.Logf("+%v %v: converged %v after its end", res.Started.Round(100*time.Millisecond), f, res.Converged.Round(10*time.Millisecond))
-		}
-	}
+	rep.Faults = RunFaults(ctx, plan, r.since, r.inject, r.violate, t.Logf)
 	if wait := d - r.since(); wait > 0 {
 		select {
 		case <-ctx.Done():
@@ -275,22 +234,11 @@ func TestSoak(t *testing.T) {
 	rep.Violations = append([]Violation(nil), r.violations...)
 	r.mu.Unlock()
 	rep.Aggregate()
-	root, err := measure.RepoRoot(".")
+	written, err := rep.Write(reportDir, "soak-"+rep.Date)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !filepath.IsAbs(reportDir) {
-		reportDir = filepath.Join(root, reportDir)
-	}
-	name := "soak-" + rep.Date
-	rep.Plot = name + ".png"
-	if err := measure.WriteReport(reportDir, name, rep, rep.Markdown()); err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.WritePlot(filepath.Join(reportDir, rep.Plot)); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("report: %s.{json,md,png}\n%s", filepath.Join(reportDir, name), rep.Markdown())
+	t.Logf("report: %s.{json,md,png}\n%s", written, rep.Markdown())
 	mem.check(t, rep.Memory)
 }
 

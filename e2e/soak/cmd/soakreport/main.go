@@ -39,6 +39,7 @@ func render(path string) error {
 	if len(rep.Memory) == 0 {
 		return fmt.Errorf("%s: no memory samples (not a soak report?)", path)
 	}
+	rep.Aggregate() // with this version's kinds
 	base := strings.TrimSuffix(path, ".json")
 	rep.Plot = filepath.Base(base) + ".png"
 	if err := rep.WritePlot(base + ".png"); err != nil {
