@@ -73,6 +73,7 @@ lint: check-generated
 	cd scripts/nodes/cni && $(GO) mod tidy -diff
 	$(GO) vet -tags vmtest ./dataplane/...
 	$(GO) vet -tags vmbench ./e2e/vmbench
+	$(GO) vet -tags realsoak ./e2e/realnodes
 	$(GO) vet -tags apicostbench ./e2e/apicost
 	$(GO) vet -tags fanoutbench ./e2e/fanout
 	$(GO) vet -tags conformance ./e2e/conformance
@@ -148,10 +149,19 @@ fuzz:
 ## DURATION of faults (30m), SEED (fresh, printed, if empty; the same seed replays the same
 ## schedule); writes bench/results/soak-DATE.{json,md,png}. CI runs a short one with a fixed seed
 ## (make test; report in _out/soak/).
+## REAL_NODES=1: on the real-node cluster (kubelets, vsplane from its chart; faults done to
+## Pods: a process killed in its container, a Pod deleted, the Deployment rolled); writes
+## bench/results/soak-real-DATE.{json,md,png}. Not in CI yet (e2e/soak/README.md says why).
 # (no global DURATION default: demo reads DURATION too)
 soak: vm-deps kube
+ifeq ($(REAL_NODES),1)
+	$(MAKE) nodes
+	VSPLANE_REALSOAK_DURATION=$(or $(DURATION),30m) VSPLANE_REALSOAK_SEED=$(SEED) VSPLANE_REALSOAK_REPORT=bench/results \
+	  $(GO) test -tags realsoak -v -count=1 -timeout 0 -run '^TestRealSoak$$' ./e2e/realnodes
+else
 	VSPLANE_SOAK_DURATION=$(or $(DURATION),30m) VSPLANE_SOAK_SEED=$(SEED) VSPLANE_SOAK_REPORT=bench/results \
 	  $(GO) test -v -count=1 -timeout 0 -run '^TestSoak$$' ./e2e/soak
+endif
 
 ## demo: the main job — apiserver, control plane, VM with two agent nodes, a Service through IPVS
 ## (REAL_NODES=1: on real nodes — kubelets, Pods, vsplane from its images and manifests, CoreDNS)

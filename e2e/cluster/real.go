@@ -73,6 +73,9 @@ type RealOptions struct {
 	// Services) undeployed: DeployVsplane or StartKubeProxies, then
 	// DeployDNS, do it later.
 	SkipVsplane bool
+	// GoPackages are extra Go packages built into the VM's /usr/local/bin
+	// (vm.Options.GoPackages): helpers a test runs in a node's namespace.
+	GoPackages []string
 	// BuildTimeout bounds building the images and the node disk (default 30
 	// minutes: a cold Go build cache on a loaded 2-core machine).
 	BuildTimeout time.Duration
@@ -218,6 +221,7 @@ func StartReal(ctx context.Context, opts RealOptions) (_ *RealCluster, err error
 		MemoryMB:      opts.VMMemoryMB,
 		GuestFwdPorts: []int{c.APIPort},
 		HostFwdPorts:  []int{nodes.ProxyPort},
+		GoPackages:    opts.GoPackages,
 		BootTimeout:   5 * time.Minute,
 		Log:           log.Named("vm"),
 	})

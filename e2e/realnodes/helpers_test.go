@@ -37,7 +37,7 @@ func namespace(t *testing.T, name string) string {
 // serveHostname deploys replicas of agnhost serve-hostname (raw TCP and UDP
 // on 9376: each answer is the Pod's name) labelled app=name, spread one per
 // node, and waits until all are ready.
-func serveHostname(t *testing.T, ctx context.Context, ns, name string, replicas int32) *appsv1.Deployment {
+func serveHostname(t *testing.T, ctx context.Context, ns, name string, replicas int32, change ...func(*corev1.PodSpec)) *appsv1.Deployment {
 	t.Helper()
 	labels := map[string]string{"app": name}
 	d := &appsv1.Deployment{
@@ -61,6 +61,9 @@ func serveHostname(t *testing.T, ctx context.Context, ns, name string, replicas 
 				},
 			},
 		},
+	}
+	for _, c := range change {
+		c(&d.Spec.Template.Spec)
 	}
 	d, err := rc.Kube.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{})
 	if err != nil {

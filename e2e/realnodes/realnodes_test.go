@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vsplane/vsplane/e2e/cluster"
+	"github.com/vsplane/vsplane/e2e/soak"
 )
 
 // rc is the cluster every test shares (started by TestMain).
@@ -33,7 +34,8 @@ var (
 func TestMain(m *testing.M) {
 	log, _ := zap.NewDevelopment()
 	t0 := time.Now()
-	rc, startErr = cluster.StartReal(context.Background(), cluster.RealOptions{FromChart: true, Log: log.Named("real")})
+	rc, startErr = cluster.StartReal(context.Background(), cluster.RealOptions{FromChart: true, Log: log.Named("real"),
+		GoPackages: []string{soak.KStatePackage}})
 	started = time.Since(t0)
 	code := m.Run()
 	if rc != nil {
