@@ -61,7 +61,10 @@ state = "/run/containerd"
 // swap tolerated, image GC and disk eviction off (the "disk" is memory);
 // its pods under the node's own cgroup root, so two kubelets share one
 // kernel. Webhook authentication and authorization against the apiserver,
-// which reaches it with its kubelet client certificate.
+// which reaches it with its kubelet client certificate. The crash-loop
+// back-off stops at 20 s (KubeletCrashLoopBackOffMax, beta and on since
+// v1.35) instead of 5 minutes: the tests kill vsplane's processes again and
+// again, and a long soak's schedule would fall minutes behind.
 var kubeletTmpl = template.Must(template.New("kubelet").Parse(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -83,6 +86,7 @@ healthzBindAddress: 127.0.0.1
 serializeImagePulls: false
 nodeStatusReportFrequency: 10s
 podPidsLimit: 4096
+crashLoopBackOff: {maxContainerRestartPeriod: 20s}
 `))
 
 // CNI: point-to-point veths (every Pod's traffic crosses its node's IP

@@ -30,7 +30,7 @@ func (r *realSoak) inject(f soak.Fault) soak.FaultResult {
 	if f.Kind.Drift() {
 		r.driftBegins(node.Name)
 	}
-	err := r.act(f, node)
+	extra, err := r.act(f, node)
 	if err != nil {
 		if f.Kind.Drift() {
 			r.driftEnds(node.Name)
@@ -38,7 +38,7 @@ func (r *realSoak) inject(f soak.Fault) soak.FaultResult {
 		res.Err = "inject: " + err.Error()
 		return res
 	}
-	took, err := r.awaitConverged(f)
+	took, err := r.awaitConverged(f, extra)
 	if f.Kind.Drift() {
 		r.driftEnds(node.Name)
 	}
@@ -54,15 +54,28 @@ func (r *realSoak) inject(f soak.Fault) soak.FaultResult {
 // act does fault f, on node's agent or the replica on node (replica i runs
 // on node i: hostNetwork replicas with required anti-affinity), until its
 // end: a killed process running again in a Ready container, a deleted Pod
-// replaced by a Ready one, an outage over, drift written.
-func (r *realSoak) act(f soak.Fault, node *nodes.Node) error {
-	ctx := r.ctx
-	hold := func() {
-		select {
-		case <-ctx.Done():
-		case <-time.After(f.Hold): // the schedule's own wait
-		}
+// replaced by a Ready one, an outage over, drift written. extra, if not
+// nil, is one more condition of convergence (the state faults': the
+// restarted agent saw the damage).
+func (r *realSoak) act(f soak.Fault, node *nodes.Node) (extra func(context.Context) error, err error) {
+	if f.Kind == soak.AgentStateCorrupt || f.Kind == soak.AgentStateDiskFull {
+		return r.stateFault(f, node)
 	}
+	return nil, r.actOn(f, node)
+}
+
+// hold waits out f's hold (the schedule's own wait).
+func (r *realSoak) hold(f soak.Fault) {
+	select {
+	case <-r.ctx.Done():
+	case <-time.After(f.Hold):
+	}
+}
+
+// actOn does the faults with no condition of their own (act).
+func (r *realSoak) actOn(f soak.Fault, node *nodes.Node) error {
+	ctx := r.ctx
+	hold := func() { r.hold(f) }
 	inNode := func(cmd string) error {
 		cctx, cancel := context.WithTimeout(ctx, soakCallTimeout)
 		defer cancel()
@@ -141,6 +154,84 @@ func (r *realSoak) act(f soak.Fault, node *nodes.Node) error {
 	return fmt.Errorf("fault kind %s is not one of the real bed's", f.Kind)
 }
 
+// agentStateDir is the agent's --state-dir, the DaemonSet's hostPath: on
+// a real node, in the node's mount namespace (nodes.Node.Run).
+const agentStateDir = "/run/vsplane"
+
+// stateFault damages node's agent's state file as a crash in mid-write or
+// a full disk would, with the agent stopped (SIGSTOP: nothing written
+// between the damage and the kill), then SIGKILLs it; the kubelet starts
+// it again on the same hostPath. A corrupt file must be set aside (the
+// restarted agent logs it), a full disk must leave the agent working with
+// its saves failing, and saving again once the space is freed.
+func (r *realSoak) stateFault(f soak.Fault, node *nodes.Node) (func(context.Context) error, error) {
+	ctx := r.ctx
+	pod, err := podOnNode(ctx, "vsplane-agent", node.Name)
+	if err != nil {
+		return nil, err
+	}
+	pid, err := containerPID(ctx, pod, "vsplane-agent")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := rc.VM.RunOK(ctx, fmt.Sprintf("kill -STOP %d", pid)); err != nil {
+		return nil, err
+	}
+	damage, what := soak.TearScript(agentStateDir), "tear the state file"
+	if f.Kind == soak.AgentStateDiskFull {
+		damage, what = soak.DiskFullScript(agentStateDir, node.Name), "fill the state disk"
+	}
+	_, err = node.RunOK(ctx, damage)
+	// Killed even if the damage failed: a stopped agent left behind would
+	// fail every later check.
+	if _, kerr := rc.VM.RunOK(context.WithoutCancel(ctx), fmt.Sprintf("kill -KILL %d", pid)); kerr != nil {
+		return nil, errors.Join(err, kerr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s of %s: %w", what, node.Name, err)
+	}
+	if err := awaitPodReady(ctx, "vsplane-agent", node.Name, func(p *corev1.Pod) bool { return p.UID == pod.UID && restarts(p) > restarts(pod) }); err != nil {
+		return nil, err
+	}
+	if f.Kind == soak.AgentStateCorrupt {
+		return agentLogged(pod.Name, soak.LogUnreadableState), nil
+	}
+	// Every Apply tries a save: the restarted agent's first ones fail.
+	if err := cluster.Await(ctx, f.Hold+soakCallTimeout, time.Second, func(ctx context.Context) error {
+		res, err := rc.VM.RunIn(ctx, node.Name, fmt.Sprintf("wget -qO- http://127.0.0.1:%d/metrics", metricsPorts["agent"]))
+		if err == nil {
+			err = res.Err()
+		}
+		if err != nil {
+			return err
+		}
+		n, err := soak.ParseSaveFailures(res.Stdout)
+		if err == nil && n == 0 {
+			err = errors.New("no failed save of the state file counted yet")
+		}
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("state disk of %s full: %w", node.Name, err)
+	}
+	r.hold(f)
+	if _, err := node.RunOK(context.WithoutCancel(ctx), soak.FreeScript(agentStateDir)); err != nil {
+		return nil, err
+	}
+	return agentLogged(pod.Name, soak.LogStateSavedAgain), nil
+}
+
+// agentLogged is a condition: the agent Pod's running container logged
+// line.
+func agentLogged(pod, line string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		log, err := rc.Kube.CoreV1().Pods(cluster.SystemNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+		if err == nil && !strings.Contains(string(log), line) {
+			err = fmt.Errorf("agent %s has not logged %q", pod, line)
+		}
+		return err
+	}
+}
+
 func restarts(p *corev1.Pod) int32 {
 	var n int32
 	for _, s := range p.Status.ContainerStatuses {
@@ -214,9 +305,10 @@ done; true`, comm, uid, strings.ReplaceAll(uid, "-", "_")))
 }
 
 // awaitConverged waits until every agent is connected with nothing
-// unacknowledged and every node's kernel equals its desired state.
-func (r *realSoak) awaitConverged(f soak.Fault) (time.Duration, error) {
-	return soak.AwaitConverged(r.ctx, f, soakConvergeBound, time.Second, r.converged)
+// unacknowledged, every node's kernel equals its desired state and extra,
+// if any, holds.
+func (r *realSoak) awaitConverged(f soak.Fault, extra func(context.Context) error) (time.Duration, error) {
+	return soak.AwaitConverged(r.ctx, f, soakConvergeBound, time.Second, soak.WithExtra(r.converged, extra, soakCallTimeout), r.t.Logf)
 }
 
 func (r *realSoak) converged(ctx context.Context) error {

@@ -190,7 +190,7 @@ func TestRealSoak(t *testing.T) {
 		case <-time.After(wait):
 		}
 	}
-	if _, err := r.awaitConverged(soak.Fault{Kind: "final"}); err != nil {
+	if _, err := r.awaitConverged(soak.Fault{Kind: "final"}, nil); err != nil {
 		r.violate("not converged", "at the end: %v", err)
 	}
 	rep.Elapsed = r.since()

@@ -114,10 +114,8 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 			return err
 		}
 		// A torn write: the first half of the file, then garbage.
-		path := stateDir(node) + "/applied-state.pb"
-		if _, err := c.VM.RunOK(ctx, fmt.Sprintf(
-			`f=%s; test -s $f; s=$(wc -c < $f); head -c $((s/2)) $f > $f.tmp && printf 'soak\377\377\377garbage' >> $f.tmp && mv $f.tmp $f`, path)); err != nil {
-			return fmt.Errorf("corrupt %s: %w", path, err)
+		if _, err := c.VM.RunOK(ctx, TearScript(stateDir(node))); err != nil {
+			return fmt.Errorf("corrupt the state file of %s: %w", node, err)
 		}
 		return c.StartAgent(ctx, node)
 	case AgentStateDiskFull:
@@ -142,13 +140,13 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 			return fmt.Errorf("state disk of %s full: %w", node, err)
 		}
 		hold()
-		if _, err := c.VM.RunOK(context.WithoutCancel(ctx), "rm -f "+stateDir(node)+"/filler"); err != nil {
+		if _, err := c.VM.RunOK(context.WithoutCancel(ctx), FreeScript(stateDir(node))); err != nil {
 			return err
 		}
 		// Converged also means the file written again.
 		*extra = func(ctx context.Context) error {
 			l, err := c.AgentLog(ctx, node)
-			if err == nil && !strings.Contains(l, "applied state saved again") {
+			if err == nil && !strings.Contains(l, LogStateSavedAgain) {
 				err = fmt.Errorf("%s: the agent has not saved its state since the disk was freed", node)
 			}
 			return err
@@ -228,42 +226,29 @@ func (r *run) act1(f Fault, node string, extra *func(context.Context) error) err
 // stateDir is node's agent's --state-dir in the guest (Cluster.AgentCommand).
 func stateDir(node string) string { return "/run/vsplane/" + node }
 
-// stateDiskSize is the tmpfs the disk-full fault puts under a state dir:
-// room for the soak's state file (a few KiB), filled up by the fault.
-const stateDiskSize = "1m"
-
-// fillStateDisk leaves node's state dir on a full filesystem, its state
-// file in place: the first time, a small tmpfs is mounted there (in the
-// guest's own mount namespace, so the agents started later see it, and it
-// stays for the rest of the soak) with the dir's files copied in; then a
-// filler file takes every free block. The agent must not be running.
+// fillStateDisk leaves node's state dir on a full filesystem (in the
+// guest's own mount namespace, so the agents started later see it), its
+// state file in place. The agent must not be running.
 func fillStateDisk(ctx context.Context, c *cluster.Cluster, node string) error {
-	_, err := c.VM.RunOK(ctx, fmt.Sprintf(`set -e; d=%[1]s
-if ! mountpoint -q $d; then
-  t=$(mktemp -d); cp -a $d/. $t/; mount -t tmpfs -o size=%[2]s soak-state-%[3]s $d; cp -a $t/. $d/; rm -rf $t
-fi
-dd if=/dev/zero of=$d/filler bs=4k >/dev/null 2>&1 || true
-if (echo probe > $d/probe) 2>/dev/null; then echo "$d is not full"; df -k $d; exit 1; fi
-rm -f $d/probe`, stateDir(node), stateDiskSize, node))
-	if err != nil {
+	if _, err := c.VM.RunOK(ctx, DiskFullScript(stateDir(node), node)); err != nil {
 		return fmt.Errorf("fill the state disk of %s: %w", node, err)
 	}
 	return nil
 }
 
-// agentSaveFailures reads node's agent's vsplane_agent_state_save_failures_total.
+// agentSaveFailures reads node's agent's SaveFailureMetric.
 func agentSaveFailures(ctx context.Context, c *cluster.Cluster, node string) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	out, err := c.RunInNode(ctx, node, "wget -qO- http://127.0.0.1:10249/metrics | grep '^vsplane_agent_state_save_failures_total '")
+	out, err := c.RunInNode(ctx, node, "wget -qO- http://127.0.0.1:10249/metrics")
 	if err != nil {
 		return 0, err
 	}
-	var n float64
-	if _, err := fmt.Sscanf(strings.TrimPrefix(strings.TrimSpace(out), "vsplane_agent_state_save_failures_total "), "%g", &n); err != nil {
-		return 0, fmt.Errorf("%s: save failures %q: %w", node, out, err)
+	n, err := ParseSaveFailures(out)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", node, err)
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // awaitConverged waits (convergeBound) until every agent is connected with
@@ -272,15 +257,7 @@ func agentSaveFailures(ctx context.Context, c *cluster.Cluster, node string) (in
 // iptables with no difference, no failed resource, no read error), and
 // returns how long it took.
 func (r *run) awaitConverged(f Fault, extra func(context.Context) error) (time.Duration, error) {
-	return AwaitConverged(r.ctx, f, convergeBound, convergePoll, func(ctx context.Context) error {
-		err := r.converged(ctx)
-		if err == nil && extra != nil {
-			cctx, cancel := context.WithTimeout(ctx, callTimeout)
-			err = extra(cctx)
-			cancel()
-		}
-		return err
-	})
+	return AwaitConverged(r.ctx, f, convergeBound, convergePoll, WithExtra(r.converged, extra, callTimeout), r.t.Logf)
 }
 
 // convergePoll paces the convergence checks, callTimeout bounds each call

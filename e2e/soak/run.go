@@ -90,8 +90,10 @@ func RunFaults(ctx context.Context, plan []Fault, since func() time.Duration, in
 // AwaitConverged polls check every poll until it passes, bound at most,
 // and returns how long that took. When it never passes, the error gives
 // the first three distinct answers with how often each came: under churn
-// the last answer alone can mislead.
-func AwaitConverged(ctx context.Context, f Fault, bound, poll time.Duration, check func(context.Context) error) (time.Duration, error) {
+// the last answer alone can mislead. When it passes after SlowConvergence
+// or more, logf hears those answers too: what the time went on.
+func AwaitConverged(ctx context.Context, f Fault, bound, poll time.Duration, check func(context.Context) error,
+	logf func(string, ...any)) (time.Duration, error) {
 	start := time.Now()
 	seen := map[string]int{}
 	var order []string
@@ -105,12 +107,39 @@ func AwaitConverged(ctx context.Context, f Fault, bound, poll time.Duration, che
 		}
 		return err
 	})
-	if err != nil {
+	answers := func() string {
 		var b strings.Builder
 		for _, e := range order[:min(3, len(order))] {
 			fmt.Fprintf(&b, "\n  [%dx] %s", seen[e], e)
 		}
-		return 0, fmt.Errorf("%v: %w; %d distinct answers, the first:%s", f, err, len(order), b.String())
+		return fmt.Sprintf("%d distinct answers, the first:%s", len(order), b.String())
 	}
-	return time.Since(start), nil
+	if err != nil {
+		return 0, fmt.Errorf("%v: %w; %s", f, err, answers())
+	}
+	took := time.Since(start)
+	if took >= SlowConvergence {
+		logf("%v converged after %v; until then %s", f, took.Round(100*time.Millisecond), answers())
+	}
+	return took, nil
+}
+
+// SlowConvergence is the convergence time from which AwaitConverged says
+// what it waited on (a variable for its test).
+var SlowConvergence = 10 * time.Second
+
+// WithExtra is check, then, once it passes, extra (if not nil), each call
+// of extra bounded by timeout: a fault's own condition of convergence.
+func WithExtra(check, extra func(context.Context) error, timeout time.Duration) func(context.Context) error {
+	if extra == nil {
+		return check
+	}
+	return func(ctx context.Context) error {
+		if err := check(ctx); err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return extra(cctx)
+	}
 }

@@ -72,7 +72,7 @@ func TestAwaitConverged(t *testing.T) {
 			return errors.New("node1: 2 resources not acknowledged")
 		}
 		return nil
-	})
+	}, t.Logf)
 	if err != nil || calls != 3 || took <= 0 {
 		t.Fatalf("converging on the third check: %v after %d calls, took %v", err, calls, took)
 	}
@@ -81,7 +81,7 @@ func TestAwaitConverged(t *testing.T) {
 	_, err = AwaitConverged(context.Background(), Fault{Seq: 9, Kind: AgentKill}, 50*time.Millisecond, time.Millisecond, func(context.Context) error {
 		calls++
 		return errors.New(answers[min(calls-1, len(answers)-1)])
-	})
+	}, t.Logf)
 	if err == nil {
 		t.Fatal("a check that never passes converged")
 	}
@@ -92,5 +92,44 @@ func TestAwaitConverged(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "] d") {
 		t.Errorf("more than the first three answers: %v", err)
+	}
+}
+
+// TestAwaitConvergedSaysWhatItWaitedOn: a slow convergence is logged with
+// the answers it waited through; WithExtra checks extra only after check.
+func TestAwaitConvergedSaysWhatItWaitedOn(t *testing.T) {
+	defer func(d time.Duration) { SlowConvergence = d }(SlowConvergence)
+	SlowConvergence = 0
+	var logged []string
+	logf := func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }
+	checks, extras := 0, 0
+	check := func(context.Context) error {
+		if checks++; checks < 2 {
+			return errors.New("node1: agent not connected")
+		}
+		return nil
+	}
+	extra := func(ctx context.Context) error {
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("extra called without a deadline")
+		}
+		if extras++; extras < 2 {
+			return errors.New("agent has not logged it")
+		}
+		return nil
+	}
+	if _, err := AwaitConverged(context.Background(), Fault{Seq: 4, Kind: AgentStateCorrupt}, time.Minute, time.Millisecond,
+		WithExtra(check, extra, time.Second), logf); err != nil {
+		t.Fatal(err)
+	}
+	if checks != 3 || extras != 2 {
+		t.Errorf("%d checks, %d extras; want 3, 2 (extra only once check passes)", checks, extras)
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "#4") || !strings.Contains(logged[0], "[1x] node1: agent not connected") ||
+		!strings.Contains(logged[0], "[1x] agent has not logged it") {
+		t.Errorf("logged %q", logged)
+	}
+	if c := WithExtra(check, nil, time.Second); c == nil {
+		t.Error("WithExtra without extra is nil")
 	}
 }

@@ -69,10 +69,9 @@ var Kinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, AgentStateDiskFull, 
 
 // RealKinds are the kinds the real-node bed (e2e/realnodes) draws from:
 // there the kubelet restarts a killed process in its container (AgentKill,
-// ReplicaKill), and the state-file faults of the VM bed are left out (the
-// agent's state directory is a hostPath the soak does not reach yet).
-var RealKinds = []Kind{AgentKill, AgentStop, AgentPodDelete, AgentCutOff, ReplicaKill, ReplicaStop, ReplicaPodDelete, RollingRestart,
-	APIServerStop, DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete, DriftChainFlush}
+// ReplicaKill, and the state-file faults, done to the agent's hostPath).
+var RealKinds = []Kind{AgentKill, AgentStop, AgentStateCorrupt, AgentStateDiskFull, AgentPodDelete, AgentCutOff, ReplicaKill, ReplicaStop,
+	ReplicaPodDelete, RollingRestart, APIServerStop, DriftIPVSFlush, DriftIPSetFlush, DriftAddressDelete, DriftChainFlush}
 
 // Drift reports whether k breaks a node's kernel state on purpose:
 // requests through that node may fail until the agent repairs it.
