@@ -140,12 +140,13 @@ var realShape = soak.Shape{Nodes: 2, Replicas: 2, Warmup: 15 * time.Second, Tail
 // soak.Schedule(seed, realShape) done the way they happen to Pods: a
 // process SIGKILLed or SIGSTOPped in its container, a Pod deleted, the
 // Deployment rolled, the apiserver stopped, the agent's node dropping its
-// packets to the replicas, kernel drift. Invariants: no failed request
+// packets to the replicas, kernel drift, the agent's state file torn or its
+// disk full before the agent is killed. Invariants: no failed request
 // outside a drift window of its path's node; the stable virtual servers on
 // every node not under drift; after each fault, within soakConvergeBound,
 // every node's kernel equal to its desired state (the agent's
 // GetKernelState) and every agent acked (ListAgents). The report goes to
-// envSoakReport (soak-real-DATE.{json,md}).
+// envSoakReport (soak-real-DATE.{json,md,png}).
 func TestRealSoak(t *testing.T) {
 	if startErr != nil {
 		t.Fatalf("the real-node cluster did not start: %v", startErr)
