@@ -18,7 +18,11 @@ import (
 	"github.com/vsplane/vsplane/e2e/soak"
 )
 
-// given or stripped of ClientIP affinity, and deleted; one write every 3 s.
+// realChurn changes other objects all along: a Deployment "churn" scaled
+// between 1 and 3 Pods (the EndpointSlice controller follows), and up to
+// four Services on it created, switched between ClusterIP and NodePort,
+// given or stripped of ClientIP affinity, and deleted; one write every 3 s
+// (a scale only once the last one settled).
 type realChurn struct {
 	r      *realSoak
 	rng    *rand.Rand
@@ -57,6 +61,9 @@ func (c *realChurn) step(ctx context.Context) (string, error) {
 	switch n := c.rng.IntN(10); {
 	case n < 3:
 		replicas := int32(1 + c.rng.IntN(3))
+		if settled, err := c.settled(ctx); err != nil || !settled {
+			return "scale deferred", err
+		}
 		_, err := rc.Kube.AppsV1().Deployments(ns).Patch(ctx, "churn", "application/merge-patch+json",
 			fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, replicas), metav1.PatchOptions{})
 		return "scale", err
@@ -103,6 +110,27 @@ func (c *realChurn) step(ctx context.Context) (string, error) {
 		}
 		return "delete", err
 	}
+}
+
+// settled reports whether the churn Deployment's last scale is done: its
+// Pods all Ready and none terminating. Scaling again before would pile up
+// Pods the TCG guest cannot start and stop as fast as they are asked for
+// (a 30-minute run on 2026-12-07 found the guest's load at 40, churn Pods
+// Terminating for minutes, and every probe and check timing out).
+func (c *realChurn) settled(ctx context.Context) (bool, error) {
+	d, err := rc.Kube.AppsV1().Deployments(c.r.ns).Get(ctx, "churn", metav1.GetOptions{})
+	if err != nil {
+		return false, err
+	}
+	want := ptr.Deref(d.Spec.Replicas, 1)
+	if d.Status.ObservedGeneration < d.Generation || d.Status.Replicas != want || d.Status.ReadyReplicas != want {
+		return false, nil
+	}
+	pods, err := rc.Kube.CoreV1().Pods(c.r.ns).List(ctx, metav1.ListOptions{LabelSelector: "app=churn"})
+	if err != nil {
+		return false, err
+	}
+	return !slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool { return p.DeletionTimestamp != nil }), nil
 }
 
 // realMemory samples every agent's and replica's RSS and goroutines every

@@ -373,7 +373,3 @@ func (r *realSoak) listAgents(ctx context.Context) (map[string]*vsplanev1.AgentI
 	}
 	return nil, errors.Join(errs...)
 }
-
-// realChurn changes other objects all along: a Deployment "churn" scaled
-// between 1 and 3 Pods (the EndpointSlice controller follows), and up to
-// four Services on it created, switched between ClusterIP and NodePort,
