@@ -229,7 +229,7 @@ type CommitStats struct {
 // be reused after Commit returns.
 func (s *Store) Commit(b *Batch) CommitStats {
 	var st CommitStats
-	changed := map[string][]string{} // published node -> names
+	changed := s.newChanges()
 	s.mu.Lock()
 	for i := range b.ops {
 		o := &b.ops[i]
@@ -244,7 +244,7 @@ func (s *Store) Commit(b *Batch) CommitStats {
 				continue
 			}
 			held := s.heldNames(ns)
-			changed[o.node] = append(changed[o.node], held...)
+			changed.add(o.node, held...)
 			s.dropState(ns)
 			delete(s.nodes, o.node)
 			st.Changed += len(held)
@@ -273,7 +273,7 @@ func (s *Store) Commit(b *Batch) CommitStats {
 				trig = o.trigger.UnixNano()
 			}
 			if s.set(ns, o.res, trig) && published {
-				changed[o.node] = append(changed[o.node], o.res.GetName())
+				changed.add(o.node, o.res.GetName())
 				st.Changed++
 			}
 		case opDelete:
@@ -282,18 +282,14 @@ func (s *Store) Commit(b *Batch) CommitStats {
 				continue
 			}
 			if s.delete(ns, o.name) && published {
-				changed[o.node] = append(changed[o.node], o.name)
+				changed.add(o.node, o.name)
 				st.Changed++
 			}
 		}
 	}
-	for node, names := range changed {
-		for sub := range s.subs[node] {
-			sub.add(names)
-		}
-	}
+	changed.notify()
 	s.mu.Unlock()
-	st.NodesChanged = len(changed)
+	st.NodesChanged = len(changed.nodes)
 	if s.opts.AfterCommit != nil {
 		s.opts.AfterCommit(st)
 	}
@@ -359,7 +355,7 @@ func (s *Store) heldNames(ns *nodeState) []string {
 // the previously published state in changed, and returns their number.
 // A resource whose version did not change keeps its old trigger time: the
 // agent already has it, so it is no news.
-func (s *Store) publish(node string, changed map[string][]string) int {
+func (s *Store) publish(node string, changed *changes) int {
 	next, ok := s.staged[node]
 	if !ok {
 		return 0
@@ -369,7 +365,7 @@ func (s *Store) publish(node string, changed map[string][]string) int {
 	s.nodes[node] = next
 	if prev == nil {
 		held := s.heldNames(next)
-		changed[node] = append(changed[node], held...)
+		changed.add(node, held...)
 		return len(held)
 	}
 	n := 0
@@ -387,7 +383,7 @@ func (s *Store) publish(node string, changed map[string][]string) int {
 			continue
 		}
 		if had || has {
-			changed[node] = append(changed[node], name)
+			changed.add(node, name)
 			n++
 		}
 	}

@@ -393,3 +393,52 @@ func TestFilledNodesShareResources(t *testing.T) {
 		t.Fatalf("Fill on a published node: trigger %v, want none", got)
 	}
 }
+
+// Commit hands a node's changed names to each of its subscriptions (two
+// streams of one node both see them), signals each once, counts nodes
+// nobody subscribed to, and signals nothing when nothing changed.
+func TestCommitNotifiesEverySubscription(t *testing.T) {
+	s := NewStore()
+	a, b2 := s.Subscribe("n1"), s.Subscribe("n1")
+	defer a.Close()
+	defer b2.Close()
+	var b Batch
+	addNode(&b, "n1")
+	addNode(&b, "n2")
+	s.Commit(&b)
+	a.Drain()
+	b2.Drain()
+	drainSignal := func(sub Subscription) bool {
+		select {
+		case <-sub.C():
+			return true
+		default:
+			return false
+		}
+	}
+	drainSignal(a)
+	drainSignal(b2)
+	b = Batch{}
+	for _, n := range []string{"n1", "n2"} {
+		b.Set(n, svcRes(t, "a", "198.18.0.1"), time.Time{})
+		b.Set(n, svcRes(t, "b", "198.18.0.2"), time.Time{})
+	}
+	if st := s.Commit(&b); st.Changed != 4 || st.NodesChanged != 2 {
+		t.Fatalf("stats %+v, want 4 changed on 2 nodes", st)
+	}
+	for i, sub := range []Subscription{a, b2} {
+		if !drainSignal(sub) || drainSignal(sub) {
+			t.Errorf("subscription %d: not signalled exactly once", i)
+		}
+		if diff := cmp.Diff([]string{"service/ns/a", "service/ns/b"}, sub.Drain()); diff != "" {
+			t.Errorf("subscription %d (-want +got):\n%s", i, diff)
+		}
+	}
+	// The same versions again: nothing changed, nobody signalled.
+	if st := s.Commit(&b); st.Changed != 0 || st.NodesChanged != 0 {
+		t.Fatalf("stats %+v for a commit of unchanged versions", st)
+	}
+	if drainSignal(a) || drainSignal(b2) {
+		t.Error("signalled for a commit that changed nothing")
+	}
+}

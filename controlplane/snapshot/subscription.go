@@ -39,16 +39,46 @@ func (s *Store) Subscribe(node string) Subscription {
 	return sub
 }
 
-// add is called with the store lock held.
-func (sub *subscription) add(names []string) {
-	sub.mu.Lock()
-	for _, n := range names {
-		sub.pending[n] = struct{}{}
+// changes hands what a Commit changes to the changed nodes' subscriptions
+// as it goes: names go straight into their pending sets, and each is
+// signalled once at the end (notify). No list of names per node is built:
+// a rollout step changing a million (node, name) pairs built lists as long
+// only to copy them into the pending sets, or to drop them for nodes no
+// stream subscribed to. Used with the store lock held.
+type changes struct {
+	s     *Store
+	nodes map[string][]*subscription // changed published node -> its subscriptions
+}
+
+func (s *Store) newChanges() *changes { return &changes{s: s, nodes: map[string][]*subscription{}} }
+
+// add records that names of node changed.
+func (c *changes) add(node string, names ...string) {
+	subs, ok := c.nodes[node]
+	if !ok {
+		for sub := range c.s.subs[node] {
+			subs = append(subs, sub)
+		}
+		c.nodes[node] = subs
 	}
-	sub.mu.Unlock()
-	select {
-	case sub.c <- struct{}{}:
-	default:
+	for _, sub := range subs {
+		sub.mu.Lock()
+		for _, n := range names {
+			sub.pending[n] = struct{}{}
+		}
+		sub.mu.Unlock()
+	}
+}
+
+// notify signals every subscription that got names.
+func (c *changes) notify() {
+	for _, subs := range c.nodes {
+		for _, sub := range subs {
+			select {
+			case sub.c <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 
